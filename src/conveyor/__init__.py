@@ -1,0 +1,54 @@
+"""conveyor: a drop-in, faster and self-explaining ``torch.utils.data.DataLoader``.
+
+    from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
+"""
+
+from .collate import default_collate, default_convert, numpy_collate
+from .dataset import Dataset, IterableDataset
+from .errors import (
+    CollateError,
+    ConfigError,
+    ConveyorError,
+    UnpicklableError,
+    WorkerCrashedError,
+    WorkerError,
+    WorkerStartupError,
+    WorkerTimeoutError,
+)
+from .loader import DataLoader
+from .sampling import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+from .worker_info import WorkerInfo, get_worker_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSampler",
+    "CollateError",
+    "ConfigError",
+    "ConveyorError",
+    "DataLoader",
+    "Dataset",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "SubsetRandomSampler",
+    "UnpicklableError",
+    "WeightedRandomSampler",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WorkerInfo",
+    "WorkerStartupError",
+    "WorkerTimeoutError",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "numpy_collate",
+]

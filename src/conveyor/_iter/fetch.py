@@ -1,0 +1,70 @@
+"""Turn one sampler output into samples, then into a batch.
+
+Shared by the in-process iterator and the worker loop, so that both follow
+torch's rules exactly: ``__getitems__`` when the dataset has it, iterable-style
+datasets filling a batch until their iterator ends, and ``drop_last``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class MapFetcher:
+    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self._getitems = getattr(dataset, "__getitems__", None) or None
+
+    def fetch(self, index: Any) -> Any:
+        if not self.auto_collation:
+            return self.dataset[index]
+        if self._getitems is not None:
+            return self._getitems(index)
+        return [self.dataset[i] for i in index]
+
+
+class IterableFetcher:
+    """Pulls from one iterator of an iterable-style dataset.
+
+    ``fetch`` raises StopIteration once the iterator can give no (complete,
+    under ``drop_last``) batch any more, and keeps raising it after that.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self._iterator: Iterator[Any] | None = None
+        self._ended = False
+
+    def restart(self) -> None:
+        self._iterator = None
+        self._ended = False
+
+    def fetch(self, index: Any) -> Any:
+        if self._ended:
+            raise StopIteration
+        if self._iterator is None:
+            self._iterator = iter(self.dataset)
+        if not self.auto_collation:
+            return next(self._iterator)
+        data = []
+        for _ in index:
+            try:
+                data.append(next(self._iterator))
+            except StopIteration:
+                self._ended = True
+                break
+        if not data or (self.drop_last and len(data) < len(index)):
+            raise StopIteration
+        return data

@@ -1,0 +1,40 @@
+"""``pin_memory=True``: copy a batch's tensors into page-locked memory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def pin_batch(batch: Any) -> Any:
+    try:
+        import torch
+    except ImportError:
+        return batch
+    return _pin(batch, torch)
+
+
+def _pin(data: Any, torch: Any) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if isinstance(data, (str, bytes)):
+        return data
+    if hasattr(data, "pin_memory") and callable(data.pin_memory):
+        return data.pin_memory()
+    if isinstance(data, Mapping):
+        pinned = {k: _pin(v, torch) for k, v in data.items()}
+        try:
+            return type(data)(pinned)  # type: ignore[call-arg]
+        except TypeError:
+            return pinned
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_pin(v, torch) for v in data))
+    if isinstance(data, tuple):
+        return tuple(_pin(v, torch) for v in data)
+    if isinstance(data, Sequence):
+        items = [_pin(v, torch) for v in data]
+        try:
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    return data

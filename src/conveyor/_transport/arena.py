@@ -1,0 +1,125 @@
+"""Shared memory for batches: one anonymous memfd per worker, cut into slots.
+
+The main process creates the memfd (so it outlives a dead worker, and no name
+exists that could be left behind: the kernel frees it when the last process
+holding it exits, even after SIGKILL). The worker grows the file and carves
+page-aligned *slots* out of it; a slot holds one batch and is reused once the
+main process says every array of that batch has been garbage collected.
+
+Slots never move or shrink, so each side maps a slot once and keeps the map.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConveyorError
+
+PAGE = mmap.PAGESIZE
+MIN_SLOT_BYTES = 1 << 16
+
+
+class SharedMemoryExhaustedError(ConveyorError, MemoryError):
+    """The system could not provide the shared memory a batch needs."""
+
+
+def create_arena_fd(worker_id: int) -> int:
+    return os.memfd_create(f"conveyor-worker-{worker_id}", os.MFD_CLOEXEC)
+
+
+def round_up(n: int, to: int = PAGE) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    slot_id: int
+    offset: int
+    size: int
+
+
+class WorkerArena:
+    """The worker's side: hands out slots, grows the memfd, keeps maps."""
+
+    def __init__(self, fd: int, max_slots: int) -> None:
+        self._fd = fd
+        self._max_slots = max_slots
+        self._end = 0  # bytes of the memfd handed out to slots
+        self._slots: dict[int, SlotInfo] = {}
+        self._maps: dict[int, np.ndarray] = {}
+        self._free: set[int] = set()
+        self._next_id = 0
+
+    def release(self, slot_ids: tuple[int, ...]) -> None:
+        self._free.update(s for s in slot_ids if s in self._slots)
+
+    def acquire(self, nbytes: int) -> tuple[SlotInfo, np.ndarray] | None:
+        """A free slot of at least ``nbytes``, or None when all are in use."""
+        best: SlotInfo | None = None
+        for slot_id in self._free:
+            slot = self._slots[slot_id]
+            if slot.size >= nbytes and (best is None or slot.size < best.size):
+                best = slot
+        if best is None:
+            if len(self._slots) >= self._max_slots:
+                return None
+            best = self._grow(nbytes)
+        else:
+            self._free.discard(best.slot_id)
+        return best, self._maps[best.slot_id]
+
+    def _grow(self, nbytes: int) -> SlotInfo:
+        size = round_up(max(nbytes + nbytes // 4, MIN_SLOT_BYTES))
+        offset = self._end
+        try:
+            os.ftruncate(self._fd, offset + size)
+            # Reserve the pages now: running out later would be a SIGBUS.
+            os.posix_fallocate(self._fd, offset, size)
+        except OSError as exc:
+            os.ftruncate(self._fd, offset)
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise SharedMemoryExhaustedError(
+                    f"Could not reserve {size / 2**20:.1f} MiB of shared memory for a batch "
+                    f"(this worker already holds {offset / 2**20:.1f} MiB): {exc.strerror}. "
+                    "Fix: lower batch_size, prefetch_factor or num_workers, or give the "
+                    "machine or container more memory."
+                ) from exc
+            raise
+        self._end = offset + size
+        slot = SlotInfo(self._next_id, offset, size)
+        self._next_id += 1
+        self._slots[slot.slot_id] = slot
+        self._maps[slot.slot_id] = _map(self._fd, slot)
+        return slot
+
+
+class MainArena:
+    """The main process's side: maps slots on first sight."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._maps: dict[int, np.ndarray] = {}
+
+    def view(self, slot: SlotInfo) -> np.ndarray:
+        view = self._maps.get(slot.slot_id)
+        if view is None:
+            view = self._maps[slot.slot_id] = _map(self.fd, slot)
+        return view
+
+    def close(self) -> None:
+        # Maps still referenced by a user's arrays stay valid: dropping ours
+        # only removes this reference, and closing the fd does not unmap.
+        self._maps.clear()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _map(fd: int, slot: SlotInfo) -> np.ndarray:
+    region = mmap.mmap(fd, slot.size, mmap.MAP_SHARED, offset=slot.offset)
+    return np.frombuffer(region, dtype=np.uint8)

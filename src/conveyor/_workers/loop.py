@@ -1,0 +1,194 @@
+"""The worker process: receive tasks, fetch, collate, send the batch back.
+
+Workers are stateless executors of tasks (an iterable-style dataset's iterator
+aside). Every exception raised by user code is caught here with the stage it
+happened in and sent back; the main process decides what to do.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from .._iter.fetch import IterableFetcher, MapFetcher
+from .._transport.arena import WorkerArena
+from .._transport.codec import Encoder
+from ..worker_info import WorkerInfo, set_worker_info
+from . import parent_watch
+from .fds import InheritedFd
+from .protocol import (
+    BatchDone,
+    IterationEnded,
+    Ready,
+    Stage,
+    StartupFailed,
+    Stop,
+    Task,
+    TaskFailed,
+)
+from .remote_error import capture
+
+
+@dataclass(frozen=True)
+class UserObjects:
+    """What the user gave us that runs in the worker."""
+
+    dataset: Any
+    collate_fn: Callable[[Any], Any]
+    worker_init_fn: Callable[[int], Any] | None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    iterable: bool
+    auto_collation: bool
+    drop_last: bool
+    max_slots: int
+    parent_pid: int
+
+
+def worker_main(
+    spec: WorkerSpec,
+    user: UserObjects | InheritedFd,
+    tasks: Connection,
+    results: Connection,
+    arena_fd: InheritedFd,
+) -> None:
+    """Entry point of a worker process.
+
+    ``user`` is the objects themselves under ``fork``, or a memfd holding them
+    cloudpickled once for all workers under ``spawn`` / ``forkserver``.
+    """
+    # Ctrl-C reaches the whole process group; the main process alone handles
+    # it and stops us, so the user sees one KeyboardInterrupt, not one per worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent_watch.die_with_parent(spec.parent_pid)
+    try:
+        objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
+    except BaseException as exc:
+        results.send(StartupFailed(Stage.STARTUP, capture(exc)))
+        return
+    seed = spec.base_seed + spec.worker_id
+    set_worker_info(WorkerInfo(spec.worker_id, spec.num_workers, seed, objects.dataset))
+    _seed_like_torch(spec.base_seed, spec.worker_id)
+    if objects.worker_init_fn is not None:
+        try:
+            objects.worker_init_fn(spec.worker_id)
+        except BaseException as exc:
+            results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
+            return
+    results.send(Ready(spec.worker_id, os.getpid()))
+    _serve(spec, objects, tasks, results, Encoder(WorkerArena(arena_fd.fd, spec.max_slots)))
+
+
+def _serve(
+    spec: WorkerSpec, objects: UserObjects, tasks: Connection, results: Connection, encoder: Encoder
+) -> None:
+    fetcher: MapFetcher | IterableFetcher
+    if spec.iterable:
+        fetcher = IterableFetcher(
+            objects.dataset, spec.auto_collation, objects.collate_fn, spec.drop_last
+        )
+    else:
+        fetcher = MapFetcher(objects.dataset, spec.auto_collation, objects.collate_fn)
+    epoch = -1
+    while True:
+        try:
+            message = tasks.recv()
+        except (EOFError, OSError):
+            return  # the main process is gone
+        if isinstance(message, Stop):
+            return
+        assert isinstance(message, Task)
+        encoder.arena.release(message.released)
+        if message.epoch != epoch:
+            epoch = message.epoch
+            if isinstance(fetcher, IterableFetcher):
+                fetcher.restart()
+        try:
+            results.send(_run(message, fetcher, encoder))
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _run(task: Task, fetcher: MapFetcher | IterableFetcher, encoder: Encoder) -> Any:
+    stage = Stage.FETCH
+    batch: Any = None
+    try:
+        try:
+            data = fetcher.fetch(task.index)
+        except StopIteration:
+            if isinstance(fetcher, IterableFetcher):
+                return IterationEnded(task.epoch, task.seq)
+            raise
+        stage = Stage.COLLATE
+        indices = None if isinstance(fetcher, IterableFetcher) else _as_list(task.index)
+        batch = _collate(fetcher.collate_fn, data, indices)
+        stage = Stage.TRANSFER
+        return BatchDone(task.epoch, task.seq, encoder.encode(batch))
+    except Exception as exc:
+        if stage is Stage.TRANSFER:
+            exc = _explain_unsendable(batch, exc, task.index)
+        return TaskFailed(task.epoch, task.seq, stage, capture(exc))
+
+
+def _as_list(index: Any) -> list[Any]:
+    return index if isinstance(index, list) else [index]
+
+
+def _collate(collate_fn: Callable[[Any], Any], data: Any, indices: list[Any] | None) -> Any:
+    from ..collate import collate_context
+
+    with collate_context(indices):
+        return collate_fn(data)
+
+
+def _explain_unsendable(batch: Any, exc: Exception, index: Any) -> Exception:
+    from ..diagnostics.pickling import explain_unpicklable_sample
+
+    indices = index if isinstance(index, list) else [index]
+    try:
+        explained = explain_unpicklable_sample(batch, exc, indices=indices)
+    except Exception:  # the explanation must never hide the error itself
+        return exc
+    explained.__cause__ = exc
+    return explained
+
+
+def _load_user_objects(setup: InheritedFd) -> UserObjects:
+    # Every worker shares this descriptor's file offset: map it, don't read it.
+    try:
+        size = os.fstat(setup.fd).st_size
+        with mmap.mmap(setup.fd, size, prot=mmap.PROT_READ) as data:
+            objects = cloudpickle.loads(data)
+    finally:
+        setup.close()
+    assert isinstance(objects, UserObjects)
+    return objects
+
+
+def _seed_like_torch(base_seed: int, worker_id: int) -> None:
+    """Seed ``random``, NumPy and torch exactly as torch's workers do."""
+    from ..sampling import worker_seeds
+
+    seeds = worker_seeds(base_seed, worker_id)
+    random.seed(seeds.python)
+    np.random.seed(seeds.numpy)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.manual_seed(seeds.torch)
+    torch.set_num_threads(1)

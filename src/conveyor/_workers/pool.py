@@ -1,0 +1,157 @@
+"""Start worker processes and stop them for sure.
+
+Teardown escalates: ask (Stop), wait on the process sentinels, SIGTERM the
+ones still there, wait, SIGKILL. Shared memory is dropped only afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import cloudpickle
+
+from .._transport.arena import MainArena, create_arena_fd
+from .._transport.codec import Decoder
+from .fds import InheritedFd
+from .loop import UserObjects, WorkerSpec, worker_main
+from .protocol import Stop, Task
+from .start import start_process
+
+STOP_GRACE_S = 2.0
+TERMINATE_GRACE_S = 1.0
+
+
+@dataclass
+class Worker:
+    """The main process's handle on one worker."""
+
+    worker_id: int
+    process: BaseProcess
+    tasks: Connection
+    results: Connection
+    arena: MainArena
+    decoder: Decoder = field(init=False)
+    pending_releases: list[int] = field(default_factory=list)
+    ready: bool = False
+
+    def __post_init__(self) -> None:
+        self.decoder = Decoder(self.arena, self.pending_releases.append)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, task: Task) -> None:
+        self.tasks.send(task)
+
+    def take_releases(self) -> tuple[int, ...]:
+        if not self.pending_releases:
+            return ()
+        # Finalizers may append concurrently (GC runs anywhere): swap, don't clear.
+        taken = self.pending_releases[:]
+        del self.pending_releases[: len(taken)]
+        return tuple(taken)
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        context: BaseContext,
+        user: UserObjects,
+        specs: Sequence[WorkerSpec],
+    ) -> None:
+        self.workers: list[Worker] = []
+        self._closed = False
+        setup = None if context.get_start_method() == "fork" else _serialize_once(user)
+        try:
+            for spec in specs:
+                self.workers.append(_start_worker(context, spec, user, setup))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if setup is not None:
+                os.close(setup)
+
+    def close(self) -> None:
+        """Stop every worker and free their resources; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self.workers:
+            try:
+                worker.tasks.send(Stop())
+            except (OSError, ValueError):
+                pass  # already gone
+        _escalate([w.process for w in self.workers])
+        for worker in self.workers:
+            for conn in (worker.tasks, worker.results):
+                conn.close()
+            worker.arena.close()
+            worker.process.close()
+
+
+def _serialize_once(user: UserObjects) -> int:
+    """Cloudpickle the user's objects into a memfd that every worker reads."""
+    data = cloudpickle.dumps(user)
+    fd = os.memfd_create("conveyor-setup", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    return fd
+
+
+def _start_worker(
+    context: BaseContext, spec: WorkerSpec, user: UserObjects, setup_fd: int | None
+) -> Worker:
+    task_reader, task_writer = context.Pipe(duplex=False)
+    result_reader, result_writer = context.Pipe(duplex=False)
+    arena_fd = create_arena_fd(spec.worker_id)
+    payload: UserObjects | InheritedFd
+    payload = user if setup_fd is None else InheritedFd(os.dup(setup_fd))
+    process = context.Process(  # type: ignore[attr-defined]
+        target=worker_main,
+        args=(spec, payload, task_reader, result_writer, InheritedFd(arena_fd)),
+        name=f"conveyor-worker-{spec.worker_id}",
+        daemon=True,
+    )
+    try:
+        start_process(context, process)
+    finally:
+        # The child has its own copies now; ours would keep EOF from coming.
+        task_reader.close()
+        result_writer.close()
+        if isinstance(payload, InheritedFd):
+            payload.close()
+    return Worker(spec.worker_id, process, task_writer, result_reader, MainArena(arena_fd))
+
+
+def _escalate(processes: list[BaseProcess]) -> None:
+    _wait_for_exit(processes, STOP_GRACE_S)
+    for p in processes:
+        if p.exitcode is None:
+            p.terminate()
+    _wait_for_exit(processes, TERMINATE_GRACE_S)
+    for p in processes:
+        if p.exitcode is None:
+            p.kill()
+    for p in processes:
+        p.join()
+
+
+def _wait_for_exit(processes: list[BaseProcess], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    while True:
+        running: list[Any] = [p.sentinel for p in processes if p.exitcode is None]
+        remaining = deadline - time.monotonic()
+        if not running or remaining <= 0:
+            return
+        wait(running, timeout=remaining)

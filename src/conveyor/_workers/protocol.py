@@ -1,0 +1,110 @@
+"""Messages between the main process and its workers.
+
+Each direction has its own pipe per worker. The main process sends
+:class:`Task` and :class:`Stop`; a worker answers each task with exactly one of
+:class:`BatchDone`, :class:`TaskFailed` or :class:`IterationEnded`, and says
+:class:`Ready` (or :class:`StartupFailed`) once after start-up.
+
+A task is named by ``(epoch, seq)``: its position in the epoch's batch order.
+Everything exact (ordering, re-sending after a crash, discarding results of an
+abandoned epoch) is bookkeeping on those two numbers in the main process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Stage(str, Enum):
+    """What a worker was doing when something went wrong."""
+
+    STARTUP = "startup"  # unpickling the dataset, importing
+    WORKER_INIT = "worker_init"  # the user's worker_init_fn
+    FETCH = "fetch"  # dataset[i], __getitems__, next(iterator)
+    COLLATE = "collate"  # collate_fn
+    TRANSFER = "transfer"  # encoding the batch to send it back
+
+
+# --- main process -> worker -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """Fetch and collate one batch.
+
+    ``index`` is what the sampler produced: a list of dataset indices (automatic
+    batching), a single index (``batch_size=None``), or for iterable-style
+    datasets the batch sampler's placeholder list (only its length matters).
+    ``released`` lists transport slots the main process no longer uses.
+    """
+
+    epoch: int
+    seq: int
+    index: Any
+    released: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Finish: exit the worker loop and release everything."""
+
+
+# --- worker -> main process -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    epoch: int
+    seq: int
+    payload: Any  # a transport payload; see conveyor._transport.codec
+
+
+@dataclass(frozen=True, slots=True)
+class IterationEnded:
+    """An iterable-style dataset's iterator in this worker is exhausted."""
+
+    epoch: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteError:
+    """An exception raised in a worker, in a form that survives the trip.
+
+    ``pickled`` is the exception itself when it could be pickled; the other
+    fields let the main process rebuild it (same type) when unpickling fails,
+    e.g. for classes whose ``__init__`` takes unusual arguments.
+    """
+
+    pickled: bytes | None
+    module: str
+    qualname: str
+    args: bytes | None
+    state: bytes | None
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    epoch: int
+    seq: int
+    stage: Stage
+    error: RemoteError
+
+
+@dataclass(frozen=True, slots=True)
+class StartupFailed:
+    stage: Stage
+    error: RemoteError
+
+
+WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed

@@ -1,0 +1,111 @@
+"""The ``bench`` command's options, shared by ``conveyor bench`` and ``benchmarks/run.py``."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+from collections.abc import Sequence
+
+from conveyor.benchmark.report import render, write_json
+from conveyor.benchmark.runner import BenchOptions, run_benchmark
+from conveyor.benchmark.workloads import WORKLOADS
+
+
+def _workload_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(WORKLOADS)}"
+        )
+    return names
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workloads = "; ".join(f"{spec.name}: {spec.summary}" for spec in WORKLOADS.values())
+    parser.add_argument(
+        "--workloads",
+        type=_workload_list,
+        default=tuple(WORKLOADS),
+        metavar="NAME[,NAME...]",
+        help=f"comma-separated workloads (default: all). {workloads}",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="few batches per run: a smoke test, not a measurement"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_positive_float,
+        default=3.0,
+        metavar="S",
+        help="length of each timed window (default: 3); ignored with --quick",
+    )
+    parser.add_argument(
+        "--repeat", type=_positive, default=1, metavar="K", help="runs per loader; median shown"
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=multiprocessing.get_all_start_methods(),
+        default=None,
+        help="multiprocessing_context for the worker rows (default: each loader's own); "
+        "the startup workload always uses spawn",
+    )
+    parser.add_argument("--json", metavar="PATH", default=None, help="also save raw results here")
+    parser.add_argument(
+        "--stand-in-torch",
+        action="store_true",
+        help="put torch's DataLoader in the conveyor column too (checks the harness itself)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed ``args``; print the Markdown report to stdout."""
+    options = BenchOptions(
+        workloads=args.workloads,
+        quick=args.quick,
+        repeat=args.repeat,
+        start_method=args.start_method,
+        stand_in_torch=args.stand_in_torch,
+        seconds=args.seconds,
+    )
+    try:
+        report = run_benchmark(options)
+    except RuntimeError as exc:
+        print(f"conveyor bench: {exc}", file=sys.stderr)
+        return 2
+    print(render(report), flush=True)
+    if args.json:
+        write_json(report, args.json)
+        print(f"\nraw results saved to {args.json}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``benchmarks/run.py``: the same options as ``conveyor bench``."""
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/run.py", description="conveyor vs torch DataLoader throughput"
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,205 @@
+"""Measuring one loader run: throughput over a timed window, or time to first batch.
+
+Both kinds of run record main-process CPU time, the peak of the summed RSS of the main
+process and its descendants (sampled a few times, so approximate), and how many worker
+processes were still alive a while after the loader was dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from conveyor.benchmark.workloads import MapDataset, hand_collate
+
+LoaderFactory = Callable[[], Iterable[Any]]
+
+# multiprocessing's own helpers outlive any one loader by design; they are not leaks.
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_EXIT_GRACE_S = 10.0
+_MEMORY_SAMPLES = 4
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run. ``seconds`` is the timed window, or the time to first batch for startup."""
+
+    batches: int
+    samples: int
+    seconds: float
+    main_cpu_s: float
+    peak_rss_bytes: int | None
+    leaked_processes: int
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def main_cpu_ms_per_batch(self) -> float:
+        return 1000.0 * self.main_cpu_s / self.batches if self.batches else 0.0
+
+
+def first_column(batch: Any) -> Any:
+    """The first field of a collated batch (every workload's sample is a tuple)."""
+    if isinstance(batch, Mapping):
+        return next(iter(batch.values()))
+    if isinstance(batch, (tuple, list)):
+        return batch[0]
+    return batch
+
+
+def touch(batch: Any) -> int:
+    """Read one element of the batch, as a training step would; return the batch's length.
+
+    Reading forces a lazily mapped or zero-copy batch to be real without copying it all.
+    """
+    column = first_column(batch)
+    item = column[0]
+    shape = getattr(item, "shape", None)
+    if shape is not None:
+        float(item[(0,) * len(shape)])
+    else:
+        len(item)
+    return len(column)
+
+
+class PlainLoop:
+    """The ceiling: index the dataset and collate by hand, in the main process."""
+
+    def __init__(self, dataset: MapDataset, batch_size: int) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset, size = self.dataset, self.batch_size
+        for start in range(0, len(dataset) - size + 1, size):
+            yield hand_collate([dataset[i] for i in range(start, start + size)])
+
+
+def _process_tree() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def _tree_rss() -> int:
+    total = 0
+    for proc in _process_tree():
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return any(name in cmdline for name in _HELPERS)
+
+
+def _children() -> set[int]:
+    return {proc.pid for proc in psutil.Process().children(recursive=True)}
+
+
+def _count_leftovers(before: set[int]) -> int:
+    """Wait for processes started during the run to exit; count those that do not."""
+    gc.collect()
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    new = [p for p in new if not _is_helper(p)]
+    _, alive = psutil.wait_procs(new, timeout=_EXIT_GRACE_S)
+    return len(alive)
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A timed window: after ``warmup`` batches, run until ``min_batches`` are timed and
+    ``seconds`` have passed, stopping at ``max_batches`` in any case."""
+
+    warmup: int
+    min_batches: int
+    max_batches: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Window:
+    batches: int
+    samples: int
+    seconds: float
+    main_cpu_s: float
+    peak_rss_bytes: int
+
+
+def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> _Window:
+    # The loader and its iterator are locals: they are dropped when this returns.
+    it = iter(make_loader())
+    for _ in range(window.warmup):
+        touch(next(it))
+    peak = _tree_rss()
+    next_sample = 1
+    samples = batches = 0
+    cpu0 = time.process_time()
+    t0 = now = time.perf_counter()
+    while batches < window.max_batches and (
+        batches < window.min_batches or now - t0 < window.seconds
+    ):
+        samples += touch(next(it))
+        batches += 1
+        now = time.perf_counter()
+        if now - t0 >= next_sample * window.seconds / _MEMORY_SAMPLES:
+            next_sample += 1
+            peak = max(peak, _tree_rss())
+    seconds = now - t0
+    return _Window(batches, samples, seconds, time.process_time() - cpu0, peak)
+
+
+def _time_first_batch(make_loader: LoaderFactory) -> _Window:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    it = iter(make_loader())
+    samples = touch(next(it))
+    seconds = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    return _Window(1, samples, seconds, cpu, _tree_rss())
+
+
+def _finish(window: _Window, before: set[int]) -> Measurement:
+    leaked = _count_leftovers(before)
+    return Measurement(
+        window.batches,
+        window.samples,
+        window.seconds,
+        window.main_cpu_s,
+        window.peak_rss_bytes,
+        leaked,
+    )
+
+
+def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
+    """Time a window of batches after warm-up; the loader is built and dropped in here."""
+    before = _children()
+    return _finish(_time_window(make_loader, window), before)
+
+
+def measure_startup(make_loader: LoaderFactory) -> Measurement:
+    """Time from building the loader to holding its first batch; then drop the loader."""
+    before = _children()
+    return _finish(_time_first_batch(make_loader), before)
+
+
+def cpu_count_line() -> str:
+    """Cores: logical count and how many this process may run on."""
+    logical = os.cpu_count() or 0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = logical
+    physical = psutil.cpu_count(logical=False)
+    return f"{logical} logical ({physical} physical), {usable} usable by this process"

@@ -1,0 +1,153 @@
+"""Render a benchmark report: a Markdown summary table, a details table, and raw JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conveyor.benchmark.runner import LOADERS, PLAIN, BenchReport, Row
+
+DASH = "-"
+SUMMARY_HEADER = ("workload", "config", "conveyor samples/s", "torch samples/s", "ratio", "notes")
+DETAILS_HEADER = (
+    "workload",
+    "config",
+    "loader",
+    "median",
+    "min - max",
+    "main CPU ms/batch",
+    "peak RSS MB",
+    "runs",
+)
+
+
+def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |"
+
+    rule = "|" + "|".join("---" for _ in header) + "|"
+    return "\n".join([line(header), rule, *(line(cells) for cells in body)])
+
+
+def _value(row: Row, value: float | None) -> str:
+    if value is None:
+        return DASH
+    return f"{value:.2f} s" if row.kind == "startup" else f"{value:,.0f}"
+
+
+def _cell(row: Row, loader: str) -> str:
+    if row.kind == "baseline":
+        return DASH
+    if loader in row.errors:
+        return "error"
+    return _value(row, row.median(loader))
+
+
+def summary_table(report: BenchReport) -> str:
+    body = []
+    for row in report.rows:
+        ratio = row.ratio()
+        body.append(
+            (
+                row.workload,
+                row.config,
+                _cell(row, "conveyor"),
+                _cell(row, "torch"),
+                DASH if ratio is None else f"{ratio:.2f}x",
+                "; ".join(row.notes),
+            )
+        )
+    return _table(SUMMARY_HEADER, body)
+
+
+def details_table(report: BenchReport) -> str:
+    body = []
+    for row in report.rows:
+        for loader in (*LOADERS, PLAIN):
+            runs = row.runs.get(loader)
+            if not runs:
+                continue
+            values = [m.seconds if row.kind == "startup" else m.samples_per_s for m in runs]
+            rss = [m.peak_rss_bytes for m in runs if m.peak_rss_bytes is not None]
+            cpu = statistics.median(m.main_cpu_ms_per_batch for m in runs)
+            body.append(
+                (
+                    row.workload,
+                    row.config,
+                    loader,
+                    _value(row, row.median(loader)),
+                    f"{_value(row, min(values))} - {_value(row, max(values))}",
+                    f"{cpu:.2f}",
+                    f"{max(rss) / 2**20:,.0f}" if rss else DASH,
+                    str(len(runs)),
+                )
+            )
+    return _table(DETAILS_HEADER, body)
+
+
+def render(report: BenchReport) -> str:
+    """The whole report as Markdown: environment header, summary, details, how to read it."""
+    options = report.options
+    header = [f"- {key}: {value}" for key, value in report.environment.items()]
+    header.append(
+        f"- runs: repeat={options.repeat} (median shown), quick={options.quick}, "
+        f"start method={options.start_method or 'loader default'}"
+    )
+    return "\n\n".join(
+        [
+            "# conveyor benchmark",
+            "\n".join(header),
+            summary_table(report),
+            "ratio: conveyor's speedup over torch (samples/s conveyor / torch; for startup "
+            "torch seconds / conveyor seconds). Above 1 means conveyor is faster.",
+            "## Details",
+            details_table(report),
+            "main CPU: the main process's CPU time per timed batch (all its threads). "
+            "peak RSS: the largest sum of RSS over the main process and its children among a "
+            "few samples; pages shared between processes count once per process.",
+        ]
+    )
+
+
+def to_json(report: BenchReport) -> dict[str, Any]:
+    rows = []
+    for row in report.rows:
+        results = {
+            loader: {
+                "median": row.median(loader),
+                "unit": "seconds" if row.kind == "startup" else "samples/s",
+                "runs": [
+                    {
+                        **dataclasses.asdict(m),
+                        "samples_per_s": m.samples_per_s,
+                        "main_cpu_ms_per_batch": m.main_cpu_ms_per_batch,
+                    }
+                    for m in runs
+                ],
+            }
+            for loader, runs in row.runs.items()
+        }
+        rows.append(
+            {
+                "workload": row.workload,
+                "config": row.config,
+                "kind": row.kind,
+                "ratio": row.ratio(),
+                "notes": row.notes,
+                "errors": row.errors,
+                "results": results,
+            }
+        )
+    return {
+        "environment": report.environment,
+        "options": dataclasses.asdict(report.options),
+        "rows": rows,
+    }
+
+
+def write_json(report: BenchReport, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_json(report), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,322 @@
+"""Run the workloads with conveyor and torch side by side and collect the results.
+
+Each table row is one loader configuration; each repeat runs every loader once, alternating
+which goes first, so slow drift on a noisy machine hits both alike. A failing loader is
+recorded on its row and the benchmark goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import multiprocessing
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Literal, TextIO
+
+from conveyor.benchmark.measure import (
+    LoaderFactory,
+    Measurement,
+    PlainLoop,
+    WindowSpec,
+    cpu_count_line,
+    measure_startup,
+    measure_throughput,
+)
+from conveyor.benchmark.workloads import WORKLOADS, MapDataset, WorkloadSpec
+
+LOADERS = ("conveyor", "torch")
+PLAIN = "plain"
+_TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
+
+RowKind = Literal["throughput", "startup", "baseline"]
+LoaderClass = Callable[..., Iterable[Any]]
+Factories = dict[str, LoaderFactory]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to run; validated on creation."""
+
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    quick: bool = False
+    repeat: int = 1
+    start_method: str | None = None
+    stand_in_torch: bool = False
+    seconds: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError(f"seconds={self.seconds!r}: must be positive")
+        unknown = [name for name in self.workloads if name not in WORKLOADS]
+        if unknown or not self.workloads:
+            raise ValueError(
+                f"workloads={list(self.workloads)!r}: choose from {', '.join(WORKLOADS)}"
+            )
+        if self.repeat < 1:
+            raise ValueError(f"repeat={self.repeat!r}: must be at least 1")
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise ValueError(
+                f"start_method={self.start_method!r}: this platform has {', '.join(methods)}"
+            )
+
+
+@dataclass
+class Row:
+    """One line of the table: a workload in one configuration, every loader's runs."""
+
+    workload: str
+    config: str
+    kind: RowKind
+    runs: dict[str, list[Measurement]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def median(self, loader: str) -> float | None:
+        """Median samples/s, or median seconds to first batch for a startup row."""
+        runs = self.runs.get(loader)
+        if not runs or loader in self.errors:
+            return None
+        if self.kind == "startup":
+            return statistics.median(m.seconds for m in runs)
+        return statistics.median(m.samples_per_s for m in runs)
+
+    def ratio(self) -> float | None:
+        """conveyor's speedup over torch (higher is better for conveyor)."""
+        mine, theirs = self.median("conveyor"), self.median("torch")
+        if mine is None or theirs is None or mine <= 0 or theirs <= 0:
+            return None
+        return theirs / mine if self.kind == "startup" else mine / theirs
+
+
+@dataclass
+class BenchReport:
+    environment: dict[str, str]
+    options: BenchOptions
+    rows: list[Row]
+
+
+@dataclass(frozen=True)
+class _Loaders:
+    classes: dict[str, LoaderClass]
+    descriptions: dict[str, str]
+
+
+def _resolve_loaders(stand_in_torch: bool) -> _Loaders:
+    classes: dict[str, LoaderClass] = {}
+    described: dict[str, str] = {}
+    try:
+        torch_loader = importlib.import_module("torch.utils.data").DataLoader
+    except ImportError as exc:
+        described["torch"] = f"not available ({type(exc).__name__}: {exc})"
+    else:
+        classes["torch"] = torch_loader
+        described["torch"] = "torch.utils.data.DataLoader"
+    if stand_in_torch:
+        if "torch" in classes:
+            classes["conveyor"] = classes["torch"]
+        described["conveyor"] = "torch.utils.data.DataLoader (STAND-IN: --stand-in-torch)"
+        return _Loaders(classes, described)
+    try:
+        classes["conveyor"] = importlib.import_module("conveyor").DataLoader
+    except (ImportError, AttributeError) as exc:
+        described["conveyor"] = f"not importable ({type(exc).__name__}: {exc})"
+    else:
+        described["conveyor"] = "conveyor.DataLoader"
+    return _Loaders(classes, described)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def describe_environment(loaders: _Loaders, torch_threads: str) -> dict[str, str]:
+    default_method = multiprocessing.get_context().get_start_method()
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": f"{platform.platform()} ({platform.machine()})",
+        "cores": cpu_count_line(),
+        "python": sys.version.split()[0],
+        "conveyor": _version("conveyor"),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "psutil": _version("psutil"),
+        "conveyor column": loaders.descriptions.get("conveyor", "-"),
+        "torch column": loaders.descriptions.get("torch", "-"),
+        "default start method": default_method,
+        "torch threads in main process": torch_threads,
+    }
+
+
+def _loader_factory(
+    cls: LoaderClass, dataset: MapDataset, spec: WorkloadSpec, workers: int, method: str | None
+) -> LoaderFactory:
+    kwargs: dict[str, Any] = {"batch_size": spec.batch_size, "shuffle": False}
+    if workers:
+        kwargs.update(
+            num_workers=workers,
+            persistent_workers=spec.persistent_workers,
+            multiprocessing_context=method,
+        )
+    return lambda: cls(dataset, **kwargs)
+
+
+def _config_label(spec: WorkloadSpec, method: str | None) -> str:
+    parts = [f"{spec.num_workers} workers"]
+    if spec.persistent_workers:
+        parts.append("persistent")
+    if method:
+        parts.append(method)
+    return ", ".join(parts)
+
+
+class _Progress:
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+
+    def __call__(self, text: str) -> None:
+        if self.stream is not None:
+            print(text, file=self.stream, flush=True)
+
+
+def _run_row(
+    row: Row,
+    factories: Factories,
+    measure: Callable[[LoaderFactory], Measurement],
+    repeat: int,
+    progress: _Progress,
+) -> None:
+    names = list(factories)
+    for attempt in range(repeat):
+        shift = attempt % len(names)
+        for name in names[shift:] + names[:shift]:
+            if name in row.errors:
+                continue
+            gc.collect()
+            try:
+                result = measure(factories[name])
+            except Exception as exc:  # a loader's failure goes on its row, not up the stack
+                row.errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                progress(f"  {row.workload} | {row.config} | {name}: FAILED {row.errors[name]}")
+                continue
+            row.runs.setdefault(name, []).append(result)
+            value = (
+                f"{result.seconds:.2f} s to first batch"
+                if row.kind == "startup"
+                else f"{result.samples_per_s:,.0f} samples/s"
+            )
+            progress(f"  {row.workload} | {row.config} | {name} #{attempt + 1}: {value}")
+
+
+def _annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
+    plain = next((r for r in rows if r.kind == "baseline"), None)
+    base = plain.median(PLAIN) if plain else None
+    for row in rows:
+        if row.kind == "baseline" and base:
+            row.notes.append(f"{base:,.0f} samples/s; no loader: index + collate by hand (NumPy)")
+        elif row.kind == "startup":
+            row.notes.append("time to first batch, lower is better; ratio = torch / conveyor")
+        elif base and row.kind == "throughput":
+            if spec.target_speedup:
+                shares = [f"{n} {v / base:.2f}x" for n in LOADERS if (v := row.median(n))]
+                target = f"target >= {spec.target_speedup}x"
+                row.notes.append(f"vs single process: {', '.join(shares)} ({target})")
+            else:
+                shares = [f"{n} {v / base:.0%}" for n in LOADERS if (v := row.median(n))]
+                row.notes.append(f"of plain loop: {', '.join(shares)}")
+        if spec.ideal_samples_per_s and row.kind == "throughput":
+            ideal = spec.ideal_samples_per_s
+            shares = [f"{n} {v / ideal:.0%}" for n in LOADERS if (v := row.median(n))]
+            row.notes.append(f"of ideal {ideal:,.0f}/s: {', '.join(shares)}")
+        for name, runs in row.runs.items():
+            leaked = max(m.leaked_processes for m in runs)
+            if leaked:
+                row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
+        row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _run_workload(
+    spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
+) -> list[Row]:
+    method = spec.start_method or options.start_method
+    if options.quick:
+        window = WindowSpec(spec.warmup, spec.quick_batches, spec.quick_batches, 0.0)
+    else:
+        window = WindowSpec(spec.warmup, spec.min_batches, spec.max_batches, options.seconds)
+    length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
+    progress(f"[{spec.name}] building dataset ({length:,} samples)")
+    dataset = spec.make_dataset(length, options.quick)
+    rows: list[Row] = []
+
+    def loader_row(
+        config: str, kind: RowKind, workers: int
+    ) -> tuple[Row, dict[str, LoaderFactory]]:
+        factories = {
+            name: _loader_factory(loaders.classes[name], dataset, spec, workers, method)
+            for name in LOADERS
+            if name in loaders.classes
+        }
+        return Row(spec.name, config, kind), factories
+
+    def throughput(factory: LoaderFactory) -> Measurement:
+        return measure_throughput(factory, window)
+
+    if spec.kind == "startup":
+        config = f"{_config_label(spec, method)}, {len(dataset):,} paths"
+        row, factories = loader_row(config, "startup", spec.num_workers)
+        _run_row(row, factories, measure_startup, options.repeat, progress)
+        rows.append(row)
+    else:
+        plan = [(_config_label(spec, method), spec.num_workers)]
+        if spec.inline_rows:
+            plan.append(("num_workers=0", 0))
+        for config, workers in plan:
+            row, factories = loader_row(config, "throughput", workers)
+            _run_row(row, factories, throughput, options.repeat, progress)
+            rows.append(row)
+        if spec.plain_row:
+            row = Row(spec.name, spec.plain_label, "baseline")
+            plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size)}
+            _run_row(row, plain, throughput, options.repeat, progress)
+            rows.append(row)
+    _annotate(spec, rows)
+    return rows
+
+
+def run_benchmark(options: BenchOptions, progress: TextIO | None = sys.stderr) -> BenchReport:
+    """Run every workload in ``options``; progress lines go to ``progress`` (None: silent)."""
+    loaders = _resolve_loaders(options.stand_in_torch)
+    if not loaders.classes:
+        raise RuntimeError(
+            "neither conveyor.DataLoader nor torch.utils.data.DataLoader can be imported: "
+            + "; ".join(f"{k}: {v}" for k, v in loaders.descriptions.items())
+        )
+    torch: Any = sys.modules.get("torch")
+    previous_threads = torch.get_num_threads() if torch else None
+    if torch:  # intra-op threads in the main process would compete with the workers' cores
+        torch.set_num_threads(1)
+    try:
+        environment = describe_environment(
+            loaders, f"1 (was {previous_threads})" if torch else "n/a (torch not imported)"
+        )
+        say = _Progress(progress)
+        rows: list[Row] = []
+        with warnings.catch_warnings():
+            # torch warns when num_workers > cores; the latency workload asks for that.
+            warnings.filterwarnings("ignore", _TORCH_WORKER_WARNING, UserWarning)
+            for name in options.workloads:
+                rows.extend(_run_workload(WORKLOADS[name], options, loaders, say))
+    finally:
+        if torch and previous_threads:
+            torch.set_num_threads(previous_threads)
+    return BenchReport(environment, options, rows)

@@ -1,0 +1,33 @@
+"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="conveyor", description="conveyor: a drop-in, faster torch DataLoader"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark conveyor against torch.utils.data.DataLoader",
+        description="Run conveyor and torch side by side; print a Markdown table.",
+    )
+    from conveyor.benchmark.command import add_arguments, run
+
+    add_arguments(bench)
+    bench.set_defaults(handler=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

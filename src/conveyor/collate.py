@@ -1,0 +1,342 @@
+"""Batch samples: ``default_collate`` / ``default_convert`` as torch builds them.
+
+With torch installed, the results are those of ``torch.utils.data.default_collate``
+and ``default_convert``; without it, leaves become NumPy arrays, as
+:func:`numpy_collate` always makes them. When collation fails, the error names
+the field path, the dataset indices (see :func:`collate_context`), the shapes,
+types or key sets involved, and the fix. It is a :class:`CollateError` that is
+also the built-in type torch raises for the same mistake.
+
+:data:`OUTPUT_ALLOCATOR` lets a transport supply the memory that stacked arrays
+are written into, so they can travel without another copy.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import math
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from typing import Any
+
+import numpy as np
+
+from conveyor import _collate_errors as _err
+from conveyor._collate_errors import collate_context
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+torch: Any = _import_torch()
+
+__all__ = [
+    "OUTPUT_ALLOCATOR",
+    "Allocator",
+    "collate_context",
+    "default_collate",
+    "default_convert",
+    "numpy_collate",
+]
+
+Allocator = Callable[[int], np.ndarray | None]
+
+OUTPUT_ALLOCATOR: contextvars.ContextVar[Allocator | None] = contextvars.ContextVar(
+    "conveyor_collate_output_allocator", default=None
+)
+"""When set, ``allocator(nbytes)`` returns a writable 1-d uint8 array of at least
+``nbytes`` bytes (or None) that a stacked array or tensor is written into."""
+
+_NP_SCALARS = (np.bool_, np.number, np.object_)
+_NATIVE_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+)  # fmt: skip
+_TORCH_TO_NP: dict[Any, np.dtype[Any]] = {}
+_SPARSE: frozenset[Any] = frozenset()
+if torch is not None:
+    _TORCH_TO_NP = {torch.from_numpy(np.zeros(0, d)).dtype: d for d in _NATIVE_DTYPES}
+    _SPARSE = frozenset(
+        (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+    )
+
+
+def _out_buffer(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
+    """An array of ``shape`` and ``dtype`` on memory from the allocator, if any."""
+    allocate = OUTPUT_ALLOCATOR.get()
+    nbytes = math.prod(shape) * dtype.itemsize
+    if allocate is None or nbytes == 0:
+        return None
+    buffer = allocate(nbytes)
+    if buffer is None:
+        return None
+    if not (
+        isinstance(buffer, np.ndarray)
+        and buffer.dtype == np.uint8
+        and buffer.ndim == 1
+        and buffer.flags.c_contiguous
+        and buffer.flags.writeable
+        and buffer.size >= nbytes
+    ):
+        raise ValueError(
+            "OUTPUT_ALLOCATOR must return a writable, contiguous 1-d uint8 numpy array of at "
+            f"least {nbytes} bytes, or None; it returned {_err.type_name(type(buffer))}"
+            f"{getattr(buffer, 'shape', '')}."
+        )
+    if buffer.ctypes.data % dtype.itemsize:
+        return None
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
+
+def _same_arrays(batch: Sequence[Any], dtype: Any, shape: Any, kind: Any) -> bool:
+    return all(type(x) is kind and x.dtype == dtype and x.shape == shape for x in batch)
+
+
+def _np_stack(batch: Sequence[Any], path: tuple[Any, ...]) -> np.ndarray:
+    elem = batch[0]
+    out = None
+    if isinstance(elem, np.ndarray) and _same_arrays(batch, elem.dtype, elem.shape, type(elem)):
+        shape = (len(batch), *elem.shape)
+        out = _out_buffer(shape, elem.dtype)
+        if out is None:
+            out = np.empty(shape, elem.dtype)
+    try:
+        return np.stack(batch, out=out)
+    except Exception as exc:
+        _err.raise_leaf(batch, path, exc)
+
+
+class _NumpyLeaves:
+    """Leaves become NumPy arrays."""
+
+    def tensor(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            arrays = [t.numpy(force=True) if isinstance(t, torch.Tensor) else t for t in batch]
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+        return _np_stack(arrays, path)
+
+    def array(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        if batch[0].dtype.kind in "SUO":
+            _err.raise_unsupported(batch, path, batch[0].dtype)
+        return _np_stack(batch, path)
+
+    def scalar(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        return self._numbers(batch, path, None)
+
+    def float_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        return self._numbers(batch, path, np.float64)
+
+    def int_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        out = self._numbers(batch, path, None)
+        return out.astype(np.int64, copy=False) if out.dtype.kind == "i" else out
+
+    def _numbers(self, batch: Sequence[Any], path: tuple[Any, ...], dtype: Any) -> np.ndarray:
+        try:
+            out = np.array(batch, dtype=dtype)
+            if out.dtype.kind == "O" or out.ndim != 1:
+                raise TypeError(f"these values make a numpy array of dtype {out.dtype}")
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+        return out
+
+
+class _TorchLeaves:
+    """Leaves become tensors exactly as torch's default_collate makes them."""
+
+    def tensor(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        elem = batch[0]
+        if elem.is_nested:
+            _err.raise_tensor_layout(batch, path, "nested")
+        if elem.layout in _SPARSE:
+            _err.raise_tensor_layout(batch, path, "sparse")
+        out = None
+        dtype = _TORCH_TO_NP.get(elem.dtype)
+        if (
+            dtype is not None
+            and OUTPUT_ALLOCATOR.get() is not None
+            and elem.device.type == "cpu"
+            and all(
+                type(t) is type(elem) and t.device == elem.device and not t.requires_grad
+                for t in batch
+            )
+            and _same_arrays(batch, elem.dtype, elem.shape, type(elem))
+        ):
+            view = _out_buffer((len(batch), *elem.shape), dtype)
+            out = None if view is None else torch.from_numpy(view)
+        try:
+            return torch.stack(batch, 0, out=out)
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+
+    def array(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        elem = batch[0]
+        if elem.dtype.kind in "SUO":
+            _err.raise_unsupported(batch, path, elem.dtype)
+        if elem.dtype in _NATIVE_DTYPES and all(
+            isinstance(a, np.ndarray) and a.dtype == elem.dtype for a in batch
+        ):
+            return torch.from_numpy(_np_stack(batch, path))
+        try:
+            tensors = [torch.as_tensor(a) for a in batch]
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+        return self.tensor(tensors, path)
+
+    def scalar(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            return torch.as_tensor(batch)
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+
+    def float_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            return torch.tensor(batch, dtype=torch.float64)
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+
+    def int_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            return torch.tensor(batch)
+        except Exception as exc:
+            _err.raise_leaf(batch, path, exc)
+
+
+_Leaves = _NumpyLeaves | _TorchLeaves
+_NUMPY = _NumpyLeaves()
+_DEFAULT: _Leaves = _NUMPY if torch is None else _TorchLeaves()
+
+
+def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> Any:
+    elem = batch[0]
+    if torch is not None and isinstance(elem, torch.Tensor):
+        return leaves.tensor(batch, path)
+    if isinstance(elem, np.ndarray):
+        return leaves.array(batch, path)
+    if isinstance(elem, _NP_SCALARS):
+        return leaves.scalar(batch, path)
+    if isinstance(elem, float):
+        return leaves.float_(batch, path)
+    if isinstance(elem, int):
+        return leaves.int_(batch, path)
+    if isinstance(elem, (str, bytes)):
+        return batch
+    if isinstance(elem, Mapping):
+        out: dict[Any, Any] = {}
+        for key in elem:
+            try:
+                column = [d[key] for d in batch]
+            except Exception as exc:
+                _err.raise_gather(batch, path, key, exc)
+            out[key] = _collate(column, (*path, key), leaves)
+        return _rebuild_mapping(elem, out)
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        try:
+            columns = list(zip(*batch, strict=False))
+        except Exception as exc:
+            _err.raise_not_sequence(batch, path, exc)
+        names = [_err.Attr(f) for f in elem._fields]
+        return type(elem)(
+            *(_collate(c, (*path, n), leaves) for c, n in zip(columns, names, strict=True))
+        )
+    if isinstance(elem, Sequence):
+        try:
+            size = len(elem)
+            if any(len(s) != size for s in batch):
+                _err.raise_lengths(batch, path)
+            columns = list(zip(*batch, strict=False))
+        except TypeError as exc:
+            _err.raise_not_sequence(batch, path, exc)
+        items = [_collate(c, (*path, i), leaves) for i, c in enumerate(columns)]
+        return items if isinstance(elem, tuple) else _rebuild_sequence(elem, items)
+    _err.raise_unsupported(batch, path)
+
+
+def _rebuild_mapping(elem: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping like ``elem`` holding ``items``; a dict when that is not possible."""
+    try:
+        if isinstance(elem, MutableMapping):
+            clone = copy.copy(elem)
+            clone.update(items)
+            return clone
+        return type(elem)(items)  # type: ignore[call-arg]
+    except TypeError:
+        return items
+
+
+def _rebuild_sequence(elem: Sequence[Any], items: list[Any]) -> Any:
+    """A sequence like ``elem`` holding ``items``; a list when that is not possible."""
+    try:
+        if isinstance(elem, MutableSequence):
+            clone = copy.copy(elem)
+            for i, item in enumerate(items):
+                clone[i] = item
+            return clone
+        return type(elem)(items)  # type: ignore[call-arg]
+    except TypeError:
+        return items
+
+
+def _first(batch: Sequence[Any]) -> None:
+    try:
+        batch[0]
+    except IndexError:
+        raise IndexError(
+            "default_collate got an empty batch: the batch sampler yielded no indices, or a "
+            "collate_fn was called with []; give each batch at least one sample."
+        ) from None
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Stack a list of samples into a batch, as ``torch.utils.data.default_collate``.
+
+    Tensors, NumPy arrays and numbers become tensors with a leading batch
+    dimension (NumPy arrays when torch is not installed); strings and bytes
+    stay a list; mappings, namedtuples and sequences are collated field by
+    field (tuples become lists, like torch). Wrap the call in
+    :func:`collate_context` to have errors name dataset indices.
+    """
+    _first(batch)
+    return _collate(batch, (), _DEFAULT)
+
+
+def numpy_collate(batch: Sequence[Any]) -> Any:
+    """Like :func:`default_collate`, but every leaf becomes a NumPy array, never a tensor.
+
+    Python ints become int64 arrays, floats float64, bools bool; NumPy scalars
+    keep their dtype; tensors are converted with ``Tensor.numpy(force=True)``.
+    """
+    _first(batch)
+    return _collate(batch, (), _NUMPY)
+
+
+def default_convert(data: Any) -> Any:
+    """Turn each NumPy array or scalar inside ``data`` into a tensor, as torch does.
+
+    Without torch installed, leaves are returned as they are.
+    """
+    if torch is not None:
+        if isinstance(data, torch.Tensor):
+            return data
+        kind = type(data)
+        if kind.__module__ == "numpy" and kind.__name__ not in ("str_", "string_"):
+            if isinstance(data, np.ndarray) and data.dtype.kind in "SUO":
+                return data
+            return torch.as_tensor(data)
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {k: default_convert(data[k]) for k in data})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(default_convert(d) for d in data))
+    if isinstance(data, tuple):
+        return [default_convert(d) for d in data]
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        return _rebuild_sequence(data, [default_convert(d) for d in data])
+    return data

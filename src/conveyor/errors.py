@@ -1,0 +1,224 @@
+"""conveyor's exceptions.
+
+Each class has one meaning, and each also subclasses the built-in exception a
+torch user would already catch for that mistake, so ``except`` clauses written
+for ``torch.utils.data.DataLoader`` keep working::
+
+    ConveyorError
+    ├── WorkerError (RuntimeError)            a worker died, hung, or failed to start
+    │   ├── WorkerCrashedError                signal / exit code, likely cause, in-flight indices
+    │   ├── WorkerTimeoutError (TimeoutError) a task outlived ``timeout``: index and stack
+    │   └── WorkerStartupError                the worker could not start (unpickling, import)
+    ├── UnpicklableError (pickle.PicklingError, TypeError)
+    │                                         what could not be pickled, as an attribute path
+    ├── CollateError                          field path, dataset indices, shapes or key sets;
+    │   ├── CollateKeyError (KeyError)        a sample lacks a key the first sample has
+    │   ├── CollateShapeError (RuntimeError)  arrays / tensors of different shapes
+    │   └── CollateTypeError (TypeError)      an element type collate cannot batch
+    └── ConfigError (ValueError)              an argument and its bad value
+
+Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
+``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
+carrying a :class:`WorkerContext` (see :func:`attach_worker_context`).
+
+Messages say what happened, where, why, and how to fix it, in that order.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CollateError",
+    "CollateKeyError",
+    "CollateShapeError",
+    "CollateTypeError",
+    "ConfigError",
+    "ConveyorError",
+    "UnpicklableError",
+    "WorkerContext",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WorkerStartupError",
+    "WorkerTimeoutError",
+    "attach_worker_context",
+]
+
+
+class ConveyorError(Exception):
+    """Base class of every exception conveyor raises on its own account."""
+
+
+class WorkerError(ConveyorError, RuntimeError):
+    """A worker process died, hung, or could not start."""
+
+
+class WorkerCrashedError(WorkerError):
+    """A worker process exited without being asked to (a signal or an exit code)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        indices: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.indices = indices
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_with_kwargs,
+            (
+                type(self),
+                self.args,
+                {
+                    "worker_id": self.worker_id,
+                    "pid": self.pid,
+                    "exitcode": self.exitcode,
+                    "indices": self.indices,
+                },
+            ),
+        )
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A task took longer than the loader's ``timeout``."""
+
+
+class WorkerStartupError(WorkerError):
+    """A worker could not start: its arguments did not unpickle, or an import failed."""
+
+
+class UnpicklableError(ConveyorError, pickle.PicklingError, TypeError):
+    """Something that must cross a process boundary cannot be pickled.
+
+    ``path`` names it from a root the user knows (``dataset.db.connection`` or
+    ``sample['meta']['fh']``) and ``type_name`` says what it is.
+    """
+
+    def __init__(self, message: str, *, path: str = "", type_name: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.type_name = type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_with_kwargs,
+            (type(self), self.args, {"path": self.path, "type_name": self.type_name}),
+        )
+
+
+class CollateError(ConveyorError):
+    """Samples could not be combined into a batch.
+
+    ``path`` is the field inside the sample (``['image']`` or ``[1]``), empty
+    for the sample itself; ``indices`` are the dataset indices of the batch.
+    """
+
+    def __init__(self, message: str, *, path: str = "", indices: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+        self.indices = indices
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message; show it as written.
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_with_kwargs,
+            (type(self), self.args, {"path": self.path, "indices": self.indices}),
+        )
+
+
+class CollateKeyError(CollateError, KeyError):
+    """A sample lacks a key that another sample of the batch has."""
+
+
+class CollateShapeError(CollateError, RuntimeError):
+    """Arrays or tensors of one field have different shapes within a batch."""
+
+
+class CollateTypeError(CollateError, TypeError):
+    """A sample holds a type that collate does not know how to batch."""
+
+
+class ConfigError(ConveyorError, ValueError):
+    """An argument has a value that conveyor cannot work with."""
+
+
+def _rebuild_with_kwargs(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return cls(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Where in the worker pool an exception raised by user code came from."""
+
+    worker_id: int
+    pid: int
+    stage: str  # "worker_init" | "fetch" | "collate" | "transfer"
+    indices: tuple[Any, ...] = ()
+    traceback: str = ""
+    epoch: int = 0
+    seq: int = -1
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        where = f"worker {self.worker_id} (pid {self.pid}) during {self.stage}"
+        if self.indices:
+            where += f" of dataset indices {_short_indices(self.indices)}"
+        return where
+
+
+def _short_indices(indices: tuple[Any, ...], limit: int = 16) -> str:
+    shown = ", ".join(repr(i) for i in indices[:limit])
+    more = f", ... ({len(indices)} in all)" if len(indices) > limit else ""
+    return f"[{shown}{more}]"
+
+
+def attach_worker_context(exc: BaseException, context: WorkerContext) -> BaseException:
+    """Annotate ``exc`` (re-raised in the main process) with where it happened.
+
+    The exception keeps its type and arguments, so ``str(exc)`` and ``except``
+    clauses behave exactly as if it had been raised in-process. The worker's
+    traceback and location are added as notes, which Python prints under the
+    traceback; ``exc.conveyor_context`` holds them for programs.
+    """
+    with _suppress_attribute_errors():
+        exc.conveyor_context = context  # type: ignore[attr-defined]
+    note = f"Raised in DataLoader {context.describe()}.\n" + (
+        f"Worker traceback (most recent call last):\n{_indent(context.traceback)}"
+        if context.traceback
+        else ""
+    )
+    notes = list(getattr(exc, "__notes__", None) or [])
+    notes.append(note.rstrip())
+    try:
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    except AttributeError:  # pragma: no cover - exceptions with __slots__ and no dict
+        pass
+    return exc
+
+
+def _indent(text: str) -> str:
+    body = text.rstrip().splitlines()
+    if body and body[0].startswith("Traceback"):
+        body = body[1:]
+    return "\n".join(body)
+
+
+class _suppress_attribute_errors:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        return exc_type is not None and issubclass(exc_type, AttributeError)

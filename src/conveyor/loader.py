@@ -1,0 +1,265 @@
+"""``DataLoader``: torch 2.13's arguments, checked and turned into an iterator.
+
+Every argument keeps torch's name, default, meaning, and the exception type
+torch raises for a bad combination. The work happens in ``_iter``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from . import collate as _collate
+from ._iter.inline import InlineIterator
+from ._iter.multiprocess import MultiprocessIterator
+from .dataset import is_iterable_dataset
+from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
+
+__all__ = ["DataLoader"]
+
+_FROZEN_AFTER_INIT = frozenset(
+    {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
+)
+
+
+class DataLoader:
+    """Iterate over ``dataset`` in batches, optionally with worker processes.
+
+    A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments,
+    defaults and semantics. Batches hold torch tensors when torch is
+    installed (exactly as torch's ``default_collate`` builds them), NumPy
+    arrays otherwise.
+    """
+
+    _initialized = False
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Iterable[Any] | None = None,
+        batch_sampler: Iterable[list[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        multiprocessing_context: str | BaseContext | None = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; "
+                "use num_workers=0 to disable multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing. "
+                "Let num_workers > 0 to enable multiprocessing, otherwise set "
+                "prefetch_factor to None."
+            )
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context  # validated by the setter
+        self.in_order = in_order
+        self._is_iterable = is_iterable_dataset(dataset)
+
+        if self._is_iterable:
+            if shuffle not in {False, None}:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler "
+                    f"option, but got batch_sampler={batch_sampler}"
+                )
+        else:
+            shuffle = bool(shuffle)
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last"
+            )
+
+        if sampler is None:
+            if self._is_iterable:
+                sampler = InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = (
+                _collate.default_collate if self._auto_collation else _collate.default_convert
+            )
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._iterable_len_called: int | None = None
+        self._iterator: MultiprocessIterator | None = None
+        self._initialized = True
+        self.check_worker_number_rationality()
+
+    # --- torch's attribute rules -------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._initialized and name in _FROZEN_AFTER_INIT:
+            raise ValueError(
+                f"{name} attribute should not be set after {type(self).__name__} is initialized"
+            )
+        super().__setattr__(name, value)
+
+    @property
+    def multiprocessing_context(self) -> BaseContext | None:
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value: str | BaseContext | None) -> None:
+        if value is not None:
+            if self.num_workers == 0:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}"
+                )
+            if isinstance(value, str):
+                methods = multiprocessing.get_all_start_methods()
+                if value not in methods:
+                    raise ValueError(
+                        "multiprocessing_context option should specify a valid start method "
+                        f"in {methods!r}, but got multiprocessing_context={value!r}"
+                    )
+                value = multiprocessing.get_context(value)
+            if not isinstance(value, BaseContext):
+                raise TypeError(
+                    "multiprocessing_context option should be a valid context object or a "
+                    "string specifying the start method, but got "
+                    f"multiprocessing_context={value}"
+                )
+        self._multiprocessing_context = value
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    # --- iteration --------------------------------------------------------
+
+    def __iter__(self) -> InlineIterator | MultiprocessIterator:
+        if self.num_workers == 0:
+            return InlineIterator(self)
+        if not self.persistent_workers:
+            self.check_worker_number_rationality()
+            return MultiprocessIterator(self)
+        if self._iterator is None or self._iterator._closed:
+            self._iterator = MultiprocessIterator(self)
+        else:
+            self._iterator._reset()
+        return self._iterator
+
+    def __len__(self) -> int:
+        if self._is_iterable:
+            length = self._iterable_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                if self.drop_last:
+                    return length // self.batch_size
+                return math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def _context(self) -> BaseContext:
+        return self._multiprocessing_context or multiprocessing.get_context()
+
+    def _pin_memory_enabled(self) -> bool:
+        if not self.pin_memory:
+            return False
+        try:
+            import torch
+        except ImportError:
+            return False
+        if self.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
+                stacklevel=3,
+            )
+        if not torch.accelerator.is_available():
+            warnings.warn(
+                "'pin_memory' argument is set as true but no accelerator is found, then device "
+                "pinned memory won't be used.",
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def check_worker_number_rationality(self) -> None:
+        """Warn, as torch does, when asking for more workers than usable CPUs."""
+        if self.num_workers == 0:
+            return
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 0
+        if cpus and self.num_workers > cpus:
+            warnings.warn(
+                f"This DataLoader will create {self.num_workers} worker processes in total. "
+                f"Our suggested max number of worker in current system is {cpus}, which is "
+                "smaller than what this DataLoader is going to create. Please be aware that "
+                "excessive worker creation might get DataLoader running slow or even freeze, "
+                "lower the worker number to avoid potential slowness/freeze if necessary.",
+                UserWarning,
+                stacklevel=2,
+            )

@@ -1,0 +1,45 @@
+"""``get_worker_info()``: who am I, inside a worker process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["WorkerInfo", "get_worker_info"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Describes the worker process running the current code.
+
+    ``dataset`` is this worker's own copy of the dataset: under ``spawn`` and
+    ``forkserver`` it is a different object from the one in the main process.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_current: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The :class:`WorkerInfo` of this worker, or None in the main process."""
+    return _current
+
+
+def set_worker_info(info: WorkerInfo) -> None:
+    """Install ``info`` for this process (and for torch's own getter, if present)."""
+    global _current
+    _current = info
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+    except ImportError:
+        return
+    # Datasets written for torch call torch.utils.data.get_worker_info() to
+    # shard themselves; make that work in our workers too.
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+    )
