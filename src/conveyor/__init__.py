@@ -1,6 +1,6 @@
 """conveyor: a drop-in, faster and self-explaining ``torch.utils.data.DataLoader``.
 
-    from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
+from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
 """
 
 from .collate import default_collate, default_convert, numpy_collate

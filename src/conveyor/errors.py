@@ -26,6 +26,7 @@ Messages say what happened, where, why, and how to fix it, in that order.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,7 +194,7 @@ def attach_worker_context(exc: BaseException, context: WorkerContext) -> BaseExc
     traceback and location are added as notes, which Python prints under the
     traceback; ``exc.conveyor_context`` holds them for programs.
     """
-    with _suppress_attribute_errors():
+    with contextlib.suppress(AttributeError):
         exc.conveyor_context = context  # type: ignore[attr-defined]
     note = f"Raised in DataLoader {context.describe()}.\n" + (
         f"Worker traceback (most recent call last):\n{_indent(context.traceback)}"
@@ -202,10 +203,8 @@ def attach_worker_context(exc: BaseException, context: WorkerContext) -> BaseExc
     )
     notes = list(getattr(exc, "__notes__", None) or [])
     notes.append(note.rstrip())
-    try:
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__, no dict
         exc.__notes__ = notes  # type: ignore[attr-defined]
-    except AttributeError:  # pragma: no cover - exceptions with __slots__ and no dict
-        pass
     return exc
 
 
@@ -214,11 +213,3 @@ def _indent(text: str) -> str:
     if body and body[0].startswith("Traceback"):
         body = body[1:]
     return "\n".join(body)
-
-
-class _suppress_attribute_errors:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        return exc_type is not None and issubclass(exc_type, AttributeError)

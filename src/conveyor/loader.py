@@ -125,19 +125,20 @@ class DataLoader:
                 "with drop_last"
             )
 
-        if sampler is None:
+        sampler_: Any = sampler
+        if sampler_ is None:
             if self._is_iterable:
-                sampler = InfiniteConstantSampler()
+                sampler_ = InfiniteConstantSampler()
             elif shuffle:
-                sampler = RandomSampler(dataset, generator=generator)
+                sampler_ = RandomSampler(dataset, generator=generator)
             else:
-                sampler = SequentialSampler(dataset)
+                sampler_ = SequentialSampler(dataset)
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+            batch_sampler = BatchSampler(sampler_, batch_size, drop_last)
 
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.sampler = sampler
+        self.sampler = sampler_
         self.batch_sampler = batch_sampler
         self.generator = generator
         if collate_fn is None:

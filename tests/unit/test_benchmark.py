@@ -19,6 +19,7 @@ from conveyor.benchmark.report import to_json
 from conveyor.benchmark.workloads import (
     CpuDataset,
     ImageDataset,
+    MapDataset,
     PathListDataset,
     SleepDataset,
     TinyDataset,
@@ -67,7 +68,7 @@ def test_startup_dataset_holds_path_strings() -> None:
 
 
 @pytest.mark.parametrize("dataset", [TinyDataset(4), ImageDataset(4), SleepDataset(4, 0.0)])
-def test_index_past_the_end_raises_index_error(dataset: TinyDataset) -> None:
+def test_index_past_the_end_raises_index_error(dataset: MapDataset) -> None:
     with pytest.raises(IndexError):
         dataset[4]
 

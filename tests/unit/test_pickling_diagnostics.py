@@ -1,4 +1,4 @@
-"""find_unpicklable names the deepest unpicklable parts; explain_unpicklable says how to fix them."""
+"""find_unpicklable names the deepest unpicklable parts; explain_unpicklable adds the fix."""
 
 from __future__ import annotations
 
@@ -229,10 +229,10 @@ def test_shared_offender_is_reported_once() -> None:
 
 
 def test_every_offender_up_to_max_findings() -> None:
-    dataset = Holder(locks=[threading.Lock() for _ in range(10)], gen=(i for i in []))
+    dataset = Holder(locks=[threading.Lock() for _ in range(10)], gen=(i for i in range(0)))
     assert _where(dataset) == [(f"dataset.locks[{i}]", "_thread.lock") for i in range(5)]
     assert len(find_unpicklable(dataset, max_findings=2)) == 2
-    assert _where(Holder(a=threading.Lock(), b=(i for i in []))) == [
+    assert _where(Holder(a=threading.Lock(), b=(i for i in range(0)))) == [
         ("dataset.a", "_thread.lock"),
         ("dataset.b", "builtins.generator"),
     ]
@@ -262,15 +262,18 @@ def test_large_dict_values_and_keys() -> None:
 # -- the walker never raises ---------------------------------------------------------------
 
 
-def test_hostile_getattr_blames_the_object_and_does_not_raise() -> None:
+def test_hostile_getattribute_blames_the_object_and_does_not_raise() -> None:
     class Hostile:
-        def __getattr__(self, name: str) -> Any:
+        def __getattribute__(self, name: str) -> Any:
             raise RuntimeError(f"no {name}")
 
-    (finding,) = find_unpicklable(Holder(ok=1, proxy=Hostile()))
-    assert finding.path == "dataset.proxy"
-    assert finding.type_name.endswith("Hostile")
-    assert "no __" in finding.reason
+    dataset = Holder(ok=1, proxy=Hostile(), lock=threading.Lock())
+    findings = find_unpicklable(dataset)
+    assert [(f.path, f.type_name.rpartition(".")[2]) for f in findings] == [
+        ("dataset.proxy", "Hostile"),
+        ("dataset.lock", "lock"),
+    ]
+    assert findings[0].reason.startswith("no __")
 
 
 def test_raising_property_and_reduce_do_not_escape() -> None:
@@ -292,6 +295,15 @@ def test_raising_property_and_reduce_do_not_escape() -> None:
 def test_under_plain_pickle_a_lambda_is_the_culprit() -> None:
     assert _where({"fn": lambda: 1}, "sample", dumps=_pickle5) == [
         ("sample['fn']", "builtins.function")
+    ]
+
+
+def test_under_plain_pickle_a_local_class_is_the_culprit() -> None:
+    class Local:
+        pass
+
+    assert _where({"x": Local()}, "sample", dumps=_pickle5) == [
+        ("sample['x'].__class__", "builtins.type")
     ]
 
 
@@ -327,7 +339,7 @@ def test_explain_dataset_says_what_where_why_fix(connection: sqlite3.Connection)
 def test_explain_fix_depends_on_the_type(binary_file: BinaryIO) -> None:
     message = str(
         explain_unpicklable(
-            Holder(fh=binary_file, gen=(i for i in [])),
+            Holder(fh=binary_file, gen=(i for i in range(0))),
             "dataset",
             TypeError("x"),
             role="dataset",

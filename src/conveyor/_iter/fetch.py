@@ -12,7 +12,9 @@ from typing import Any
 
 
 class MapFetcher:
-    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]
+    ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn

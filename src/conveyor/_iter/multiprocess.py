@@ -209,8 +209,8 @@ class MultiprocessIterator:
                 raise self._timeout_error()
             for obj in ready:
                 if obj in by_conn:
-                    self._handle_message(by_conn[obj])  # type: ignore[index]
-            dead = [by_sentinel[obj] for obj in ready if obj in by_sentinel]  # type: ignore[index]
+                    self._handle_message(by_conn[obj])
+            dead = [by_sentinel[obj] for obj in ready if obj in by_sentinel]
             for worker in dead:
                 self._drain(worker)
                 raise self._crash_error(worker)

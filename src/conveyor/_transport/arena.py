@@ -123,3 +123,48 @@ class MainArena:
 def _map(fd: int, slot: SlotInfo) -> np.ndarray:
     region = mmap.mmap(fd, slot.size, mmap.MAP_SHARED, offset=slot.offset)
     return np.frombuffer(region, dtype=np.uint8)
+
+
+ALIGN = 64
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class SlotLease:
+    """A slot being filled with one batch: collate writes into it, then the encoder.
+
+    Collate asks for output buffers with :meth:`allocate` (a bump allocator);
+    the encoder then :meth:`place`-s every buffer the pickle produced: those
+    already inside the slot stay where they are, the rest are copied after.
+    """
+
+    def __init__(self, slot: SlotInfo, view: np.ndarray) -> None:
+        self.slot = slot
+        self.view = view
+        self.used = 0
+        self._base = view.ctypes.data
+
+    def allocate(self, nbytes: int) -> np.ndarray | None:
+        start = self.used
+        if start + nbytes > self.slot.size:
+            return None
+        self.used = align(start + nbytes)
+        return self.view[start : start + nbytes]
+
+    def place(self, raws: list[memoryview]) -> tuple[tuple[int, int], ...] | None:
+        """Offsets of ``raws`` in the slot, copying those not already there; None if full."""
+        layout = []
+        for raw in raws:
+            nbytes = raw.nbytes
+            source = np.frombuffer(raw, dtype=np.uint8)
+            offset = source.ctypes.data - self._base if nbytes else 0
+            if not (offset >= 0 and offset + nbytes <= self.used):
+                offset = self.used
+                if offset + nbytes > self.slot.size:
+                    return None
+                self.view[offset : offset + nbytes] = source
+                self.used = align(offset + nbytes)
+            layout.append((offset, nbytes))
+        return tuple(layout)

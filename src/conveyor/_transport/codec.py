@@ -16,20 +16,22 @@ from __future__ import annotations
 import io
 import pickle
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .arena import MainArena, SlotInfo, WorkerArena
+from ..collate import OUTPUT_ALLOCATOR
+from .arena import MainArena, SlotInfo, SlotLease, WorkerArena, align
 
+torch: Any
 try:  # torch is optional
     import torch
 except ImportError:  # pragma: no cover - exercised in the no-torch CI job
     torch = None
 
-ALIGN = 64
 _UINT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
@@ -83,31 +85,60 @@ def dumps(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any] | None
 
 
 class Encoder:
-    """Worker side. Raises whatever pickling raises (the caller names the culprit)."""
+    """Worker side. ``encode`` raises whatever pickling raises (the caller names the culprit)."""
 
     def __init__(self, arena: WorkerArena) -> None:
         self.arena = arena
+        self._size_hint = 0  # bytes the previous batch took: batches are usually alike
+        self._lease: SlotLease | None = None
+
+    @contextmanager
+    def collating(self) -> Iterator[None]:
+        """Let collate stack arrays straight into a slot sized like the last batch."""
+        self._lease = self._acquire(self._size_hint) if self._size_hint else None
+        token = OUTPUT_ALLOCATOR.set(self._lease.allocate if self._lease else None)
+        try:
+            yield
+        finally:
+            OUTPUT_ALLOCATOR.reset(token)
 
     def encode(self, batch: Any) -> Payload:
-        buffers: list[pickle.PickleBuffer] = []
-        meta = dumps(batch, buffers.append)
-        if not buffers:
-            return InlinePayload(meta)
-        raws = [b.raw() for b in buffers]
-        layout: list[tuple[int, int]] = []
-        end = 0
-        for raw in raws:
-            layout.append((end, raw.nbytes))
-            end = (end + raw.nbytes + ALIGN - 1) // ALIGN * ALIGN
-        acquired = self.arena.acquire(end)
-        if acquired is None:
-            return InlinePayload(dumps(batch), slots_exhausted=True)
-        slot, view = acquired
-        for raw, (offset, nbytes) in zip(raws, layout):
-            view[offset : offset + nbytes] = np.frombuffer(raw, dtype=np.uint8)
-        for b in buffers:
-            b.release()
-        return SlotPayload(slot, meta, tuple(layout))
+        lease, self._lease = self._lease, None
+        try:
+            buffers: list[pickle.PickleBuffer] = []
+            meta = dumps(batch, buffers.append)
+            raws = [b.raw() for b in buffers]
+            layout = lease.place(raws) if lease is not None and raws else None
+            if layout is None:
+                # The leased slot (if any) is too small or unneeded: lay the
+                # buffers out in a fresh one, taken before the lease is given up
+                # so the two never overlap.
+                fresh = self._acquire(_packed_size(raws)) if raws else None
+                if lease is not None:
+                    self.arena.release((lease.slot.slot_id,))
+                lease = fresh
+                if raws:
+                    if lease is None:
+                        return InlinePayload(dumps(batch), slots_exhausted=True)
+                    layout = lease.place(raws)
+            if lease is None or layout is None:
+                return InlinePayload(meta)
+            self._size_hint = lease.used
+            for b in buffers:
+                b.release()
+            return SlotPayload(lease.slot, meta, layout)
+        except BaseException:
+            if lease is not None:
+                self.arena.release((lease.slot.slot_id,))
+            raise
+
+    def _acquire(self, nbytes: int) -> SlotLease | None:
+        acquired = self.arena.acquire(nbytes)
+        return SlotLease(*acquired) if acquired is not None else None
+
+
+def _packed_size(raws: list[memoryview]) -> int:
+    return sum(align(raw.nbytes) for raw in raws)
 
 
 class Decoder:
@@ -124,7 +155,7 @@ class Decoder:
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
         # base is a memoryview), so it dies exactly when the last one does.
-        base = np.frombuffer(memoryview(region), dtype=np.uint8)
+        base = np.frombuffer(memoryview(region), dtype=np.uint8)  # type: ignore[arg-type]
         buffers = [base[offset : offset + nbytes] for offset, nbytes in payload.layout]
         batch = pickle.loads(payload.meta, buffers=buffers)
         del buffers

@@ -135,7 +135,8 @@ def _run(task: Task, fetcher: MapFetcher | IterableFetcher, encoder: Encoder) ->
             raise
         stage = Stage.COLLATE
         indices = None if isinstance(fetcher, IterableFetcher) else _as_list(task.index)
-        batch = _collate(fetcher.collate_fn, data, indices)
+        with encoder.collating():
+            batch = _collate(fetcher.collate_fn, data, indices)
         stage = Stage.TRANSFER
         return BatchDone(task.epoch, task.seq, encoder.encode(batch))
     except Exception as exc:

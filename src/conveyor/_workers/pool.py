@@ -6,6 +6,7 @@ ones still there, wait, SIGKILL. Shared memory is dropped only afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -69,7 +70,9 @@ class WorkerPool:
     ) -> None:
         self.workers: list[Worker] = []
         self._closed = False
-        setup = None if context.get_start_method() == "fork" else _serialize_once(user)
+        self._owner_pid = os.getpid()
+        method = context.get_start_method()
+        setup = None if method == "fork" else _serialize_once(user, method)
         try:
             for spec in specs:
                 self.workers.append(_start_worker(context, spec, user, setup))
@@ -85,11 +88,13 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._owner_pid:
+            # A forked child (one of ours, or another library's) inherited this
+            # pool; the workers are not its children. Leave them to their owner.
+            return
         for worker in self.workers:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.tasks.send(Stop())
-            except (OSError, ValueError):
-                pass  # already gone
         _escalate([w.process for w in self.workers])
         for worker in self.workers:
             for conn in (worker.tasks, worker.results):
@@ -98,15 +103,30 @@ class WorkerPool:
             worker.process.close()
 
 
-def _serialize_once(user: UserObjects) -> int:
+def _serialize_once(user: UserObjects, start_method: str) -> int:
     """Cloudpickle the user's objects into a memfd that every worker reads."""
-    data = cloudpickle.dumps(user)
+    try:
+        data = cloudpickle.dumps(user)
+    except Exception as exc:
+        raise _explain(user, exc, start_method) from exc
     fd = os.memfd_create("conveyor-setup", os.MFD_CLOEXEC)
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
     return fd
+
+
+def _explain(user: UserObjects, error: Exception, start_method: str) -> Exception:
+    from ..diagnostics.pickling import explain_unpicklable
+
+    for role in ("dataset", "collate_fn", "worker_init_fn"):
+        obj = getattr(user, role)
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            return explain_unpicklable(obj, role, exc, role=role, start_method=start_method)
+    return error
 
 
 def _start_worker(

@@ -43,11 +43,11 @@ def _without_main() -> Iterator[None]:
             data.pop(key, None)
         return data
 
-    spawn.get_preparation_data = preparation_data  # type: ignore[assignment]
+    spawn.get_preparation_data = preparation_data
     try:
         yield
     finally:
-        spawn.get_preparation_data = original  # type: ignore[assignment]
+        spawn.get_preparation_data = original
 
 
 def _preload_forkserver(context: BaseContext) -> None:
@@ -58,9 +58,9 @@ def _preload_forkserver(context: BaseContext) -> None:
     """
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver  # type: ignore[attr-defined]
+    server: Any = forkserver._forkserver
     if getattr(server, "_forkserver_pid", None) is None:
         preload = [m for m in server._preload_modules if m != "__main__"]
-        context.set_forkserver_preload(  # type: ignore[attr-defined]
+        context.set_forkserver_preload(
             [*preload, *(m for m in FORKSERVER_PRELOAD if m not in preload)]
         )

@@ -44,13 +44,17 @@ def _positive_float(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    workloads = "; ".join(f"{spec.name}: {spec.summary}" for spec in WORKLOADS.values())
+    """Add the ``bench`` options to ``parser`` (and list the workloads in its epilog)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "workloads:\n" + "\n".join(
+        f"  {spec.name:<8} {spec.summary}" for spec in WORKLOADS.values()
+    )
     parser.add_argument(
         "--workloads",
         type=_workload_list,
         default=tuple(WORKLOADS),
         metavar="NAME[,NAME...]",
-        help=f"comma-separated workloads (default: all). {workloads}",
+        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="few batches per run: a smoke test, not a measurement"

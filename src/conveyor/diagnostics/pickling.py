@@ -31,11 +31,9 @@ __all__ = [
 
 Dumps = Callable[[Any], bytes]
 _Group = tuple[Sequence[Any], Callable[[int], str]]  # children and how to name the i-th
-
 _MAX_DEPTH = 64
 _ONE_BY_ONE = 4  # ranges of children this small are pickled one at a time, larger ones bisected
 _CLASS_SKIP = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "_abc_impl"}
-_DEFAULT_GETSTATE = getattr(object, "__getstate__", None)
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,7 @@ class PicklingFinding:
 def find_unpicklable(
     obj: Any, root: str = "dataset", *, dumps: Dumps = cloudpickle.dumps, max_findings: int = 5
 ) -> list[PicklingFinding]:
-    """Return the deepest parts of ``obj`` that ``dumps`` cannot pickle ([] if it pickles).
-
-    Never raises: parts that cannot be inspected are skipped.
-    """
+    """Return the deepest parts of ``obj`` that ``dumps`` cannot pickle. Never raises."""
     walker = _Walker(dumps, max_findings)
     if (error := walker.error(obj)) is None:
         return []
@@ -94,7 +89,9 @@ class _Walker:
                 if child_error is not None:
                     self.walk(child, name(i), child_error, depth + 1)
         if not failing_child and len(self.findings) < self.max_findings:
-            self.findings.append(PicklingFinding(path, _type_name(obj), _short(error)))
+            self.findings.append(
+                PicklingFinding(path, _type_name(obj), _short(str(error) or type(error).__name__))
+            )
 
     def scan(self, values: Sequence[Any], lo: int, hi: int) -> Iterator[tuple[int, Any, Any]]:
         """Yield ``(index, child, error)`` for failing children (error None: already seen)."""
@@ -126,11 +123,10 @@ class _Walker:
         if isinstance(obj, functools.partial):
             parts = [(".func", obj.func), *_pairs(".args[{!r}]", enumerate(obj.args))]
             parts += _pairs(".keywords[{!r}]", obj.keywords.items())
-            return [_named(path, parts + _attributes(getattr(obj, "__dict__", {})))]
+            return [_named(path, parts + _pairs(".{}", getattr(obj, "__dict__", {}).items()))]
         if isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
-            owner = getattr(obj, "__self__", None)
-            parts = [] if isinstance(owner, types.ModuleType) else [(".__self__", owner)]
-            return [_named(path, [*parts, (".__func__", getattr(obj, "__func__", None))])]
+            parts = [(".__self__", obj.__self__), (".__func__", getattr(obj, "__func__", None))]
+            return [_named(path, parts)]
         if isinstance(obj, (types.FunctionType, type)) and not self.by_value:
             return []  # pickled by name: if that fails, the function or class is the culprit
         if isinstance(obj, types.FunctionType):
@@ -138,7 +134,7 @@ class _Walker:
         if isinstance(obj, type):
             slots = obj.__dict__.get("__slots__", ())
             skip = _CLASS_SKIP | ({slots} if isinstance(slots, str) else set(slots))
-            parts = _attributes({k: v for k, v in vars(obj).items() if k not in skip})
+            parts = _pairs(".{}", ((k, v) for k, v in vars(obj).items() if k not in skip))
             return [_named(path, parts + _pairs(".__bases__[{!r}]", enumerate(obj.__bases__)))]
         return [*groups, _named(path, _state_parts(obj))]
 
@@ -156,14 +152,14 @@ def _function_parts(func: types.FunctionType) -> list[tuple[str, Any]]:
         *_pairs(".<global {!r}>", ((n, func.__globals__[n]) for n in names)),
         *_pairs(".<default {!r}>", zip(with_defaults, defaults, strict=False)),
         *_pairs(".<default {!r}>", (func.__kwdefaults__ or {}).items()),
-        *_attributes(func.__dict__),
+        *_pairs(".{}", func.__dict__.items()),
     ]
 
 
 def _state_parts(obj: Any) -> list[tuple[str, Any]]:
     """An object's parts as pickle sees them, through ``__reduce_ex__`` (none if it raises)."""
     try:
-        reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        reduced = obj.__reduce_ex__(5)  # the protocol cloudpickle and samples use
     except Exception:
         return []
     if not isinstance(reduced, tuple):
@@ -176,11 +172,11 @@ def _state_parts(obj: Any) -> list[tuple[str, Any]]:
         call = ".__reduce_ex__(5)" if custom_ex else ".__reduce__()"
         parts = [(f"{call}[0]", reduced[0]), *_pairs(call + "[1][{!r}]", enumerate(args))]
         return parts + ([(f"{call}[2]", state)] if state is not None else [])
-    if getattr(kind, "__getstate__", None) not in (None, _DEFAULT_GETSTATE):
+    if getattr(kind, "__getstate__", None) not in (None, getattr(object, "__getstate__", None)):
         parts = [(".__getstate__()", state)]
     else:  # the instance __dict__, or (__dict__ or None, {slot: value})
         dicts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
-        parts = [p for d in dicts if isinstance(d, dict) for p in _attributes(d)]
+        parts = [p for d in dicts if isinstance(d, dict) for p in _pairs(".{}", d.items())]
     parts += _pairs(".__getnewargs__()[{!r}]", enumerate(args[1:]))
     return [*parts, (".__class__", kind)]
 
@@ -191,10 +187,6 @@ def _named(path: str, parts: list[tuple[str, Any]]) -> _Group:
 
 def _pairs(template: str, items: Iterable[tuple[Any, Any]]) -> list[tuple[str, Any]]:
     return [(template.format(key), value) for key, value in items]
-
-
-def _attributes(attrs: Any) -> list[tuple[str, Any]]:
-    return _pairs(".{}", attrs.items() if isinstance(attrs, dict) else ())
 
 
 def _global_names(code: types.CodeType) -> list[str]:
@@ -216,17 +208,14 @@ def _type_name(obj: Any) -> str:
 
 def _short_repr(value: Any, limit: int = 60) -> str:
     try:
-        return _clip(repr(value), limit)
+        return _short(repr(value), limit)
     except Exception:
         return f"<{_type_name(value)}>"
 
 
-def _short(error: BaseException) -> str:
-    return _clip((str(error).strip().splitlines() or [type(error).__name__])[0], 200)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _short(text: str, limit: int = 200) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 _LAZY = "in each worker (in __getitem__ or worker_init_fn) instead of in __init__"
@@ -286,7 +275,7 @@ def explain_unpicklable(
             why += " Also: " + "; ".join(f"{f.path} ({f.type_name})" for f in findings[1:]) + "."
     else:
         path, type_name = root, _type_name(obj)
-        why = f"{root} cannot be pickled ({_short(error)})."
+        why = f"{root} cannot be pickled ({_short(str(error) or type(error).__name__)})."
     names = [f.type_name for f in findings] or [type_name]
     fix = "; ".join(dict.fromkeys(_fix_for(name) for name in names))
     if context.get("start_method") in ("spawn", "forkserver"):

@@ -1,0 +1,207 @@
+"""Datasets and collate functions shared by the torch-parity tests.
+
+Everything here is module-level and importable, so torch's own DataLoader can
+pickle it by reference under ``spawn`` and ``forkserver``. Samples carry their
+index (and, where it matters, the worker that made them) so that a mismatch
+names what went wrong.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+import conveyor
+
+KINDS = (
+    "tensor",
+    "dict_numpy",
+    "tuple",
+    "namedtuple",
+    "list",
+    "scalars",
+    "strings",
+    "nested",
+)
+
+
+class Point(NamedTuple):
+    x: int
+    y: Any
+
+
+def worker_info(source: str) -> Any:
+    """This worker's info from torch's getter or conveyor's (None in the main process)."""
+    if source == "torch":
+        return torch.utils.data.get_worker_info()
+    if source == "conveyor":
+        return conveyor.get_worker_info()
+    raise ValueError(f"unknown worker-info source {source!r}")
+
+
+def make_sample(kind: str, i: int) -> Any:
+    if kind == "tensor":
+        return torch.arange(4) + i, torch.full((2, 2), float(i), dtype=torch.float32)
+    if kind == "dict_numpy":
+        return {
+            "index": i,
+            "a": np.arange(3, dtype=np.float32) + i,
+            "b": np.full((2, 2), i, dtype=np.int16),
+            "c": np.array(i % 256, dtype=np.uint8),
+        }
+    if kind == "tuple":
+        return (i, i / 2, np.array([i, -i], dtype=np.int64))
+    if kind == "namedtuple":
+        return Point(x=i, y=np.float64(i) * 1.5)
+    if kind == "list":
+        return [i, [i, i + 1], np.int32(i)]
+    if kind == "scalars":
+        return {
+            "int": i,
+            "float": i * 0.25,
+            "bool": i % 2 == 0,
+            "np_int": np.int64(i),
+            "np_float": np.float32(i) / 3,
+            "np_bool": np.bool_(i % 3 == 0),
+        }
+    if kind == "strings":
+        return {"name": f"item-{i}", "raw": f"b{i}".encode(), "index": i}
+    if kind == "nested":
+        return {
+            "items": [
+                {"a": i, "b": np.ones(2) * i},
+                {"a": -i, "b": np.zeros(2)},
+            ],
+            "meta": {"name": str(i), "t": torch.tensor([i, 2 * i], dtype=torch.int32)},
+            "pair": (Point(i, float(i)), [True, i > 4]),
+        }
+    raise ValueError(f"unknown sample kind {kind!r}")
+
+
+class MapDataset(Dataset):
+    """``n`` samples of one ``kind`` (see :data:`KINDS`)."""
+
+    def __init__(self, n: int = 10, kind: str = "dict_numpy") -> None:
+        self.n = n
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return make_sample(self.kind, i)
+
+
+class RandomDataset(Dataset):
+    """Each sample draws from ``random``, NumPy's and torch's global RNGs."""
+
+    def __init__(self, n: int = 12, info_from: str = "torch") -> None:
+        self.n = n
+        self.info_from = info_from
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        info = worker_info(self.info_from)
+        return {
+            "index": i,
+            "py": random.random(),
+            "np": np.random.rand(),
+            "torch": torch.rand(1),
+            "worker": -1 if info is None else info.id,
+            "seed": -1 if info is None else info.seed,
+        }
+
+
+def shard_bounds(n: int, num_workers: int, worker_id: int) -> tuple[int, int]:
+    """Uneven contiguous shards: worker ``k`` gets a share ∝ ``k + 1``."""
+    total = num_workers * (num_workers + 1) // 2
+    before = worker_id * (worker_id + 1) // 2
+    return n * before // total, n * (before + worker_id + 1) // total
+
+
+class ShardedIterable(IterableDataset):
+    """``range(n)`` split into uneven shards with ``get_worker_info()``.
+
+    ``random_values`` adds draws from the three global RNGs to each sample.
+    """
+
+    def __init__(self, n: int = 23, info_from: str = "torch", random_values: bool = False):
+        self.n = n
+        self.info_from = info_from
+        self.random_values = random_values
+
+    def __iter__(self) -> Iterator[Any]:
+        info = worker_info(self.info_from)
+        if info is None:
+            lo, hi, worker = 0, self.n, -1
+        else:
+            lo, hi = shard_bounds(self.n, info.num_workers, info.id)
+            worker = info.id
+        for i in range(lo, hi):
+            sample: dict[str, Any] = {"i": i, "worker": worker, "x": np.full(2, i, np.float32)}
+            if self.random_values:
+                sample["py"] = random.random()
+                sample["np"] = np.random.rand()
+                sample["torch"] = torch.rand(1)
+            yield sample
+
+
+class SizedShardedIterable(ShardedIterable):
+    def __len__(self) -> int:
+        return self.n
+
+
+class UnshardedIterable(IterableDataset):
+    """Every worker yields all of ``range(n)``: duplicates, as torch gives them."""
+
+    def __init__(self, n: int = 7) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker = -1 if info is None else info.id
+        for i in range(self.n):
+            yield (i, worker)
+
+
+class NoLenSampler:
+    """An iterable of indices without ``__len__``."""
+
+    def __init__(self, indices: list[int]) -> None:
+        self.indices = indices
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+
+# --- collate functions (for MapDataset(kind="dict_numpy")) --------------------
+
+
+def collate_numpy(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """NumPy arrays out, not tensors."""
+    return {
+        "index": [s["index"] for s in batch],
+        "a": np.stack([s["a"] for s in batch]),
+        "c": np.array([int(s["c"]) for s in batch], dtype=np.int32),
+    }
+
+
+def collate_sum(batch: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return (
+        torch.tensor(sum(s["index"] for s in batch)),
+        torch.stack([torch.from_numpy(s["a"]) for s in batch]).sum(dim=0),
+        len(batch),
+    )
+
+
+def collate_identity(batch: list[Any]) -> list[Any]:
+    return batch
