@@ -1,0 +1,1 @@
+"""conveyor.DataLoader compared with torch.utils.data.DataLoader."""

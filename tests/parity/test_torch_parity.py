@@ -1,0 +1,786 @@
+"""conveyor.DataLoader against torch.utils.data.DataLoader, batch by batch.
+
+Every case builds both loaders from the same arguments (fresh generators and
+samplers for each), seeds the global RNGs identically before iterating, and
+compares every batch: type, nesting, dtype, shape and values. ``len(loader)``
+must match too, or fail with the same exception type. ``in_order=False``
+compares each epoch as a multiset of batches.
+
+The cases are a representative cross-product, not a full one: each axis
+(batch size, sampler, sample type, dataset style, workers, start method,
+persistence, prefetch, ordering) is swept against a cheap default of the others.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
+
+import conveyor  # noqa: E402
+
+from . import datasets as ds  # noqa: E402
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore:This DataLoader will create"),
+]
+
+SEED = 1234
+SIDES = ("torch", "conveyor")
+SAMPLERS = {"torch": torch.utils.data, "conveyor": conveyor}
+Kwargs = Callable[[str], dict[str, Any]]
+
+
+# --- comparing batches ---------------------------------------------------------
+
+
+def assert_batches_equal(a: Any, b: Any, path: str = "") -> None:
+    """Assert ``a`` (conveyor's) and ``b`` (torch's) are the same batch, recursively.
+
+    Types must be identical at every level (a namedtuple is not a tuple, a
+    NumPy scalar not a Python number); tensors and arrays must agree in dtype,
+    shape, strides, and values exactly.
+    """
+    where = path or "batch"
+    if type(a) is not type(b):
+        raise AssertionError(
+            f"{where}: type {type(a).__name__} (conveyor) != {type(b).__name__} (torch)"
+        )
+    if isinstance(a, torch.Tensor):
+        _assert_tensors_equal(a, b, where)
+    elif isinstance(a, np.ndarray):
+        _assert_arrays_equal(a, b, where)
+    elif isinstance(a, Mapping):
+        if list(a.keys()) != list(b.keys()):
+            raise AssertionError(f"{where}: keys {list(a)} (conveyor) != {list(b)} (torch)")
+        for key in a:
+            assert_batches_equal(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            raise AssertionError(f"{where}: length {len(a)} (conveyor) != {len(b)} (torch)")
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_batches_equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        if not math.isnan(b):
+            raise AssertionError(f"{where}: nan (conveyor) != {b!r} (torch)")
+    elif a != b:
+        raise AssertionError(f"{where}: {a!r} (conveyor) != {b!r} (torch)")
+
+
+def _assert_tensors_equal(a: Any, b: Any, where: str) -> None:
+    for attr in ("dtype", "shape", "device", "requires_grad", "layout"):
+        if getattr(a, attr) != getattr(b, attr):
+            raise AssertionError(
+                f"{where}: tensor {attr} {getattr(a, attr)} (conveyor) != "
+                f"{getattr(b, attr)} (torch)"
+            )
+    if a.stride() != b.stride():
+        raise AssertionError(f"{where}: tensor stride {a.stride()} (conveyor) != {b.stride()}")
+    if not torch.equal(a, b) and not (a.is_floating_point() and _nan_equal(a, b)):
+        raise AssertionError(f"{where}: tensor values\n{a}\n(conveyor) !=\n{b}\n(torch)")
+
+
+def _nan_equal(a: Any, b: Any) -> bool:
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and bool(
+        torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+    )
+
+
+def _assert_arrays_equal(a: np.ndarray, b: np.ndarray, where: str) -> None:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise AssertionError(
+            f"{where}: array {a.dtype}{list(a.shape)} (conveyor) != {b.dtype}{list(b.shape)}"
+        )
+    if not np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
+        raise AssertionError(f"{where}: array values\n{a}\n(conveyor) !=\n{b}\n(torch)")
+    if a.flags.writeable != b.flags.writeable:
+        raise AssertionError(
+            f"{where}: array writeable={a.flags.writeable} (conveyor) != "
+            f"{b.flags.writeable} (torch)"
+        )
+
+
+def _matches(a: Any, b: Any) -> bool:
+    try:
+        assert_batches_equal(a, b)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_assert_batches_equal_names_the_difference() -> None:
+    base = {"x": [torch.zeros(2), (1, "a")], "y": np.ones(3, np.float32)}
+    assert_batches_equal(base, {"x": [torch.zeros(2), (1, "a")], "y": np.ones(3, np.float32)})
+    bad = [
+        ({"x": [torch.zeros(2), [1, "a"]], "y": np.ones(3, np.float32)}, r"\['x'\]\[1\]: type"),
+        ({"x": [torch.zeros(3), (1, "a")], "y": np.ones(3, np.float32)}, r"\[0\]: tensor shape"),
+        ({"x": [torch.ones(2), (1, "a")], "y": np.ones(3, np.float32)}, "tensor values"),
+        ({"x": [torch.zeros(2), (1, "b")], "y": np.ones(3, np.float32)}, r"\[1\]\[1\]: 'a'"),
+        ({"x": [torch.zeros(2), (1, "a")], "y": np.ones(3, np.float64)}, r"\['y'\]: array"),
+        ({"y": np.ones(3, np.float32), "x": [torch.zeros(2), (1, "a")]}, "keys"),
+    ]
+    for other, message in bad:
+        with pytest.raises(AssertionError, match=message):
+            assert_batches_equal(base, other)
+    with pytest.raises(AssertionError, match="type int"):
+        assert_batches_equal(1, 1.0)
+    with pytest.raises(AssertionError, match="type Point"):
+        assert_batches_equal(ds.Point(1, 2), (1, 2))
+
+
+# --- running a case on both loaders ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    dataset: Callable[[], Any]
+    kwargs: Kwargs
+    conveyor_dataset: Callable[[], Any] | None = None  # defaults to ``dataset``
+    epochs: int = 1
+    stop_after: tuple[int | None, ...] = ()  # per epoch: break after this many batches
+
+    def build(self, side: str) -> Any:
+        make = self.dataset
+        if side == "conveyor" and self.conveyor_dataset is not None:
+            make = self.conveyor_dataset
+        cls = TorchDataLoader if side == "torch" else conveyor.DataLoader
+        return cls(make(), **self.kwargs(side))
+
+    def limit(self, epoch: int) -> int | None:
+        return self.stop_after[epoch] if epoch < len(self.stop_after) else None
+
+
+def seed_everything(seed: int = SEED) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def length_of(loader: Any) -> Any:
+    """``len(loader)``, or the type of what it raised."""
+    try:
+        return len(loader)
+    except Exception as exc:  # compared by type against torch's
+        return type(exc)
+
+
+def run_epochs(loader: Any, case: Case, on_batch: Callable[[int, Any], None]) -> None:
+    """Iterate ``case.epochs`` times over one loader object, seeded once before."""
+    seed_everything()
+    for epoch in range(case.epochs):
+        limit = case.limit(epoch)
+        for count, batch in enumerate(loader, 1):
+            on_batch(epoch, batch)
+            del batch  # conveyor's batch holds a shared-memory slot
+            if count == limit:
+                break
+
+
+def check_parity(case: Case) -> None:
+    # len() on separate loaders: asking an iterable-style loader its length
+    # arms torch's "more batches than len()" warning for the iterated one.
+    torch_len, conveyor_len = (length_of(case.build(side)) for side in SIDES)
+    assert conveyor_len == torch_len, f"len(loader): {conveyor_len} (conveyor) != {torch_len}"
+
+    expected: list[list[Any]] = [[] for _ in range(case.epochs)]
+    torch_loader = case.build("torch")
+    run_epochs(torch_loader, case, lambda epoch, batch: expected[epoch].append(batch))
+    del torch_loader  # stops persistent torch workers
+
+    conveyor_loader = case.build("conveyor")
+    unordered = not conveyor_loader.in_order
+    seen = [0] * case.epochs
+
+    def compare(epoch: int, batch: Any) -> None:
+        n = seen[epoch]
+        seen[epoch] += 1
+        where = f"epoch {epoch} batch {n}"
+        if unordered:
+            remaining = expected[epoch]
+            match = next((i for i, ref in enumerate(remaining) if _matches(batch, ref)), None)
+            assert match is not None, f"{where}: {batch!r} is not among torch's {remaining!r}"
+            remaining.pop(match)
+            return
+        assert n < len(expected[epoch]), (
+            f"{where}: conveyor yields more than torch's {len(expected[epoch])} batches"
+        )
+        assert_batches_equal(batch, expected[epoch][n], where)
+
+    run_epochs(conveyor_loader, case, compare)
+    for epoch, reference in enumerate(expected):
+        if unordered:
+            assert not reference, f"epoch {epoch}: conveyor never yielded {reference!r}"
+        else:
+            assert seen[epoch] == len(reference), (
+                f"epoch {epoch}: {seen[epoch]} batches (conveyor) != {len(reference)} (torch)"
+            )
+
+
+# --- the table ---------------------------------------------------------------------
+
+
+def gen(seed: int = 7) -> Any:
+    return torch.Generator().manual_seed(seed)
+
+
+def case(
+    id: str,
+    dataset: Callable[[], Any],
+    kwargs: Kwargs | dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    if not callable(kwargs):
+        fixed = dict(kwargs or {})
+        kwargs = lambda side: dict(fixed)  # noqa: E731
+    return pytest.param(Case(dataset, kwargs, **options), id=id)
+
+
+def mapped(n: int = 10, kind: str = "dict_numpy") -> Callable[[], Any]:
+    return lambda: ds.MapDataset(n, kind)
+
+
+def randoms(n: int = 12, info_from: str = "torch") -> Callable[[], Any]:
+    return lambda: ds.RandomDataset(n, info_from)
+
+
+def sharded(n: int = 23, info_from: str = "torch", **options: Any) -> Callable[[], Any]:
+    return lambda: ds.ShardedIterable(n, info_from, **options)
+
+
+def batch_size_cases() -> list[Any]:
+    cases = []
+    for bs in (1, 3, 7, 10, 16):  # 10 is the whole dataset, 16 more than it
+        for drop_last in (False, True):
+            for workers in (0, 2) if bs in (3, 16) else (2,):
+                cases.append(
+                    case(
+                        f"bs{bs}-drop{int(drop_last)}-w{workers}",
+                        mapped(),
+                        dict(batch_size=bs, drop_last=drop_last, num_workers=workers),
+                    )
+                )
+    for workers in (0, 2):
+        cases.append(
+            case(f"bs-None-w{workers}", mapped(), dict(batch_size=None, num_workers=workers))
+        )
+    return cases
+
+
+def sample_type_cases() -> list[Any]:
+    cases = []
+    for kind in ds.KINDS:
+        cases += [
+            case(f"{kind}-bs4-w0", mapped(kind=kind), dict(batch_size=4)),
+            case(f"{kind}-bs3-w2", mapped(kind=kind), dict(batch_size=3, num_workers=2)),
+            case(f"{kind}-bsNone-w1", mapped(kind=kind), dict(batch_size=None, num_workers=1)),
+        ]
+    return cases
+
+
+def collate_cases() -> list[Any]:
+    return [
+        case(
+            "collate-numpy-w2",
+            mapped(),
+            dict(batch_size=3, num_workers=2, collate_fn=ds.collate_numpy),
+        ),
+        case("collate-sum-w0", mapped(), dict(batch_size=4, collate_fn=ds.collate_sum)),
+        case(
+            "collate-sum-w3", mapped(), dict(batch_size=4, num_workers=3, collate_fn=ds.collate_sum)
+        ),
+        case(
+            "collate-identity-w2",
+            mapped(),
+            dict(batch_size=3, num_workers=2, collate_fn=ds.collate_identity),
+        ),
+        case(
+            "collate-identity-bsNone-w2",
+            mapped(kind="nested"),
+            dict(batch_size=None, num_workers=2, collate_fn=ds.collate_identity),
+        ),
+        case(
+            "collate-lambda-w0",
+            mapped(),
+            dict(batch_size=3, collate_fn=lambda b: [s["index"] * 2 for s in b]),
+        ),
+        case(
+            "collate-lambda-fork-w2",
+            mapped(),
+            {
+                "batch_size": 3,
+                "num_workers": 2,
+                "multiprocessing_context": "fork",
+                "collate_fn": lambda b: dict(twice=[s["index"] * 2 for s in b]),
+            },
+        ),
+    ]
+
+
+def sampler_cases() -> list[Any]:
+    def equivalent(name: str, *args: Any, **kwargs: Any) -> Kwargs:
+        """Torch's sampler class for torch, conveyor's for conveyor, same arguments."""
+
+        def make(side: str) -> dict[str, Any]:
+            options = {k: v() if callable(v) else v for k, v in kwargs.items()}
+            sampler = getattr(SAMPLERS[side], name)(*args, **options)
+            return dict(sampler=sampler, batch_size=3, num_workers=2)
+
+        return make
+
+    def torch_object(name: str, *args: Any, workers: int = 2, **kwargs: Any) -> Kwargs:
+        """Torch's own sampler object, given to both loaders."""
+
+        def make(side: str) -> dict[str, Any]:
+            options = {k: v() if callable(v) else v for k, v in kwargs.items()}
+            sampler = getattr(torch.utils.data, name)(*args, **options)
+            return dict(sampler=sampler, batch_size=3, num_workers=workers)
+
+        return make
+
+    data = ds.MapDataset(10)
+    weights = [0.1, 2.0, 0.5, 1.0, 0.0, 3.0, 0.2, 1.0, 1.0, 0.7]
+    cases = (
+        [
+            case(
+                f"shuffle-manual-seed-w{w}",
+                mapped(),
+                dict(batch_size=3, shuffle=True, num_workers=w),
+            )
+            for w in (0, 2, 3)
+        ]
+        + [
+            case(
+                f"shuffle-generator-w{w}",
+                mapped(),
+                lambda side, w=w: dict(batch_size=3, shuffle=True, num_workers=w, generator=gen()),
+            )
+            for w in (0, 2)
+        ]
+        + [
+            case(
+                "shuffle-generator-bsNone-w2",
+                mapped(),
+                lambda side: dict(batch_size=None, shuffle=True, num_workers=2, generator=gen()),
+            ),
+            case(
+                "random-sampler-torch-object",
+                mapped(),
+                torch_object("RandomSampler", data, generator=gen),
+            ),
+            case("random-sampler-global-rng", mapped(), equivalent("RandomSampler", data)),
+            case(
+                "random-sampler-num-samples",
+                mapped(),
+                equivalent("RandomSampler", data, num_samples=13, generator=gen),
+            ),
+            case(
+                "random-sampler-replacement",
+                mapped(),
+                equivalent("RandomSampler", data, replacement=True, num_samples=40, generator=gen),
+            ),
+            case(
+                "subset-random-torch-object-w0",
+                mapped(),
+                torch_object("SubsetRandomSampler", [9, 1, 4, 7, 2], workers=0, generator=gen),
+            ),
+            case(
+                "subset-random-sampler",
+                mapped(),
+                equivalent("SubsetRandomSampler", [9, 1, 4, 7, 2], generator=gen),
+            ),
+            case(
+                "subset-random-global-rng",
+                mapped(),
+                equivalent("SubsetRandomSampler", [3, 0, 8, 5]),
+            ),
+            case(
+                "weighted-torch-object",
+                mapped(),
+                torch_object("WeightedRandomSampler", weights, 15, generator=gen),
+            ),
+            case(
+                "weighted-replacement",
+                mapped(),
+                equivalent("WeightedRandomSampler", weights, 15, generator=gen),
+            ),
+            case(
+                "weighted-no-replacement",
+                mapped(),
+                equivalent("WeightedRandomSampler", weights, 8, replacement=False, generator=gen),
+            ),
+            case(
+                "list-sampler-w2",
+                mapped(),
+                dict(sampler=[9, 0, 3, 3, 5, 1, 8], batch_size=2, num_workers=2),
+            ),
+            case(
+                "list-sampler-bsNone-w2",
+                mapped(),
+                dict(sampler=[4, 2, 2, 9], batch_size=None, num_workers=2),
+            ),
+            case(
+                "no-len-sampler-w2",
+                mapped(),
+                lambda side: dict(
+                    sampler=ds.NoLenSampler([5, 1, 6, 0, 2]), batch_size=2, num_workers=2
+                ),
+            ),
+            case(
+                "batch-sampler-torch-object-w2",
+                mapped(),
+                lambda side: dict(
+                    batch_sampler=torch.utils.data.BatchSampler(
+                        torch.utils.data.RandomSampler(range(10), generator=gen()), 3, False
+                    ),
+                    num_workers=2,
+                ),
+            ),
+            case(
+                "batch-sampler-equivalent-w0",
+                mapped(),
+                lambda side: dict(
+                    batch_sampler=SAMPLERS[side].BatchSampler(
+                        SAMPLERS[side].SequentialSampler(range(10)), 4, True
+                    )
+                ),
+            ),
+            case(
+                "batch-sampler-lists-w2",
+                mapped(),
+                dict(batch_sampler=[[0, 5], [1, 2, 3], [9], [4, 4, 4]], num_workers=2),
+            ),
+        ]
+    )
+    return cases
+
+
+def iterable_cases() -> list[Any]:
+    cases = [
+        case(f"sharded-bs4-w{w}", sharded(), dict(batch_size=4, num_workers=w))
+        for w in (0, 1, 2, 3)
+    ] + [
+        case("sharded-bs4-drop-w2", sharded(), dict(batch_size=4, drop_last=True, num_workers=2)),
+        case("sharded-bs5-drop-w3", sharded(), dict(batch_size=5, drop_last=True, num_workers=3)),
+        case("sharded-bs1-w2", sharded(), dict(batch_size=1, num_workers=2)),
+        case("sharded-bs30-w2", sharded(), dict(batch_size=30, num_workers=2)),
+        case("sharded-bs30-drop-w2", sharded(), dict(batch_size=30, drop_last=True, num_workers=2)),
+        case("sharded-bsNone-w3", sharded(), dict(batch_size=None, num_workers=3)),
+        case(
+            "sharded-random-bs3-w2", sharded(random_values=True), dict(batch_size=3, num_workers=2)
+        ),
+        case("sharded-unordered-w3", sharded(), dict(batch_size=2, num_workers=3, in_order=False)),
+        case(
+            "sized-sharded-bs4-w2",
+            lambda: ds.SizedShardedIterable(23),
+            dict(batch_size=4, num_workers=2),
+        ),
+        case("sized-sharded-bsNone-w0", lambda: ds.SizedShardedIterable(9), dict(batch_size=None)),
+        case("unsharded-bs3-w0", lambda: ds.UnshardedIterable(7), dict(batch_size=3)),
+        case(
+            "unsharded-bs3-w2", lambda: ds.UnshardedIterable(7), dict(batch_size=3, num_workers=2)
+        ),
+        case(
+            "unsharded-bsNone-w3",
+            lambda: ds.UnshardedIterable(4),
+            dict(batch_size=None, num_workers=3),
+        ),
+    ]
+    # The same dataset sharded with conveyor.get_worker_info() on conveyor's side.
+    for id, options in [
+        ("bs4-w2", dict(batch_size=4, num_workers=2)),
+        ("bs5-drop-w3", dict(batch_size=5, drop_last=True, num_workers=3)),
+        ("bsNone-w4", dict(batch_size=None, num_workers=4)),
+    ]:
+        cases.append(
+            case(
+                f"conveyor-info-sharded-{id}",
+                sharded(),
+                options,
+                conveyor_dataset=sharded(info_from="conveyor"),
+            )
+        )
+    return cases
+
+
+def worker_cases() -> list[Any]:
+    """Worker RNG seeding and round-robin dispatch: random draws land on the same samples."""
+    cases = (
+        [
+            case(f"random-shuffle-w{w}", randoms(), dict(batch_size=2, shuffle=True, num_workers=w))
+            for w in (0, 1, 2, 3, 4)
+        ]
+        + [
+            case(
+                f"random-conveyor-info-w{w}",
+                randoms(),
+                dict(batch_size=2, num_workers=w),
+                conveyor_dataset=randoms(info_from="conveyor"),
+            )
+            for w in (2, 3)
+        ]
+        + [
+            case(
+                f"random-prefetch{p}-w2",
+                randoms(),
+                dict(batch_size=2, num_workers=2, prefetch_factor=p),
+            )
+            for p in (1, 2, 4)
+        ]
+        + [
+            case(
+                "random-prefetch1-w3-bsNone",
+                randoms(7),
+                dict(batch_size=None, num_workers=3, prefetch_factor=1),
+            ),
+            case("unordered-bs1-w2", mapped(), dict(batch_size=1, num_workers=2, in_order=False)),
+            case(
+                "unordered-bs3-w3-prefetch1",
+                mapped(),
+                dict(batch_size=3, num_workers=3, in_order=False, prefetch_factor=1),
+            ),
+            case(
+                "unordered-random-w2",
+                randoms(),
+                dict(batch_size=2, num_workers=2, in_order=False, shuffle=True),
+            ),
+        ]
+    )
+    return cases
+
+
+def start_method_cases() -> list[Any]:
+    """spawn and forkserver workers import torch (~1 s each), so only a few."""
+    return [
+        case(
+            "spawn-random-shuffle-w2",
+            randoms(8),
+            dict(batch_size=3, shuffle=True, num_workers=2, multiprocessing_context="spawn"),
+        ),
+        case(
+            "spawn-conveyor-info-sharded-w2",
+            sharded(11),
+            dict(batch_size=2, num_workers=2, multiprocessing_context="spawn"),
+            conveyor_dataset=sharded(11, info_from="conveyor"),
+        ),
+        case(
+            "forkserver-nested-w2",
+            mapped(6, "nested"),
+            dict(batch_size=4, num_workers=2, multiprocessing_context="forkserver"),
+        ),
+        case(
+            "forkserver-context-object-sharded-w2",
+            sharded(9, random_values=True),
+            lambda side: dict(
+                batch_size=None,
+                num_workers=2,
+                multiprocessing_context=multiprocessing.get_context("forkserver"),
+            ),
+        ),
+    ]
+
+
+def epoch_cases() -> list[Any]:
+    def persistent(**extra: Any) -> Kwargs:
+        return lambda side: {
+            "batch_size": 2,
+            "shuffle": True,
+            "generator": gen(),
+            "num_workers": 2,
+            "persistent_workers": True,
+            **extra,
+        }
+
+    return [
+        case("persistent-3-epochs", randoms(), persistent(), epochs=3),
+        case("persistent-break-epoch0", randoms(), persistent(), epochs=3, stop_after=(2,)),
+        case(
+            "persistent-break-epoch1-w3-prefetch1",
+            randoms(),
+            persistent(num_workers=3, prefetch_factor=1),
+            epochs=3,
+            stop_after=(None, 1),
+        ),
+        case("persistent-unordered", mapped(), persistent(in_order=False), epochs=3),
+        case(
+            "persistent-sharded-break",
+            sharded(15, random_values=True),
+            lambda side: dict(batch_size=3, num_workers=2, persistent_workers=True),
+            epochs=3,
+            stop_after=(2,),
+        ),
+        case(
+            "epochs-global-rng-w2",
+            randoms(),
+            dict(batch_size=2, shuffle=True, num_workers=2),
+            epochs=3,
+            stop_after=(None, 2),
+        ),
+        case("epochs-global-rng-w0", randoms(), dict(batch_size=5, shuffle=True), epochs=2),
+    ]
+
+
+@pytest.mark.parametrize("case", batch_size_cases())
+def test_batch_sizes(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", sample_type_cases())
+def test_sample_types(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", collate_cases())
+def test_collate_fn(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", sampler_cases())
+def test_samplers(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", iterable_cases())
+def test_iterable_datasets(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", worker_cases())
+def test_workers_randomness_and_ordering(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", start_method_cases())
+def test_start_methods(case: Case) -> None:
+    check_parity(case)
+
+
+@pytest.mark.parametrize("case", epoch_cases())
+def test_epochs(case: Case) -> None:
+    check_parity(case)
+
+
+def test_lambda_collate_under_spawn() -> None:
+    """torch cannot pickle a lambda for spawn workers; conveyor can, and matches fork."""
+
+    def kwargs(context: str) -> dict[str, Any]:
+        return {
+            "batch_size": 3,
+            "num_workers": 2,
+            "multiprocessing_context": context,
+            "collate_fn": lambda b: {"ids": [s["index"] for s in b], "a": [s["a"] for s in b]},
+        }
+
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        iter(TorchDataLoader(ds.MapDataset(8), **kwargs("spawn")))
+    reference = Case(mapped(8), lambda side: kwargs("fork"))
+    expected: list[Any] = []
+    run_epochs(reference.build("torch"), reference, lambda _, batch: expected.append(batch))
+    loader = conveyor.DataLoader(ds.MapDataset(8), **kwargs("spawn"))
+    got = [0]
+
+    def compare(_: int, batch: Any) -> None:
+        assert_batches_equal(batch, expected[got[0]], f"batch {got[0]}")
+        got[0] += 1
+
+    run_epochs(loader, reference, compare)
+    assert got[0] == len(expected) == 3
+
+
+def test_iterable_longer_than_len_warns_like_torch() -> None:
+    """Uneven shards yield more batches than len(): both loaders warn."""
+    for cls in (TorchDataLoader, conveyor.DataLoader):
+        loader = cls(ds.SizedShardedIterable(23), batch_size=4, num_workers=3)
+        assert len(loader) == 6
+        with pytest.warns(UserWarning, match="Length of IterableDataset"):
+            batches = [b["i"].tolist() for b in loader]
+        assert len(batches) == 7, cls
+
+
+# --- argument validation --------------------------------------------------------------
+
+
+def _raised(fn: Callable[[], Any]) -> BaseException | None:
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
+
+
+BAD_ARGUMENTS = [
+    ("negative-num-workers", mapped(), {"num_workers": -1}),
+    ("negative-timeout", mapped(), {"timeout": -1}),
+    ("prefetch-without-workers", mapped(), {"prefetch_factor": 2}),
+    ("negative-prefetch", mapped(), {"num_workers": 1, "prefetch_factor": -1}),
+    ("persistent-without-workers", mapped(), {"persistent_workers": True}),
+    ("sampler-and-shuffle", mapped(), {"sampler": [0, 1], "shuffle": True}),
+    ("batch-sampler-and-batch-size", mapped(), {"batch_sampler": [[0]], "batch_size": 2}),
+    ("batch-sampler-and-shuffle", mapped(), {"batch_sampler": [[0]], "shuffle": True}),
+    ("batch-sampler-and-sampler", mapped(), {"batch_sampler": [[0]], "sampler": [0]}),
+    ("batch-sampler-and-drop-last", mapped(), {"batch_sampler": [[0]], "drop_last": True}),
+    ("batch-size-none-and-drop-last", mapped(), {"batch_size": None, "drop_last": True}),
+    ("batch-size-zero", mapped(), {"batch_size": 0}),
+    ("batch-size-negative", mapped(), {"batch_size": -3}),
+    ("drop-last-not-bool", mapped(), {"drop_last": "yes"}),
+    ("iterable-and-shuffle", sharded(), {"shuffle": True}),
+    ("iterable-and-sampler", sharded(), {"sampler": [0, 1]}),
+    ("iterable-and-batch-sampler", sharded(), {"batch_sampler": [[0, 1]]}),
+    ("bad-context-string", mapped(), {"num_workers": 1, "multiprocessing_context": "threads"}),
+    ("bad-context-type", mapped(), {"num_workers": 1, "multiprocessing_context": 3}),
+    ("context-without-workers", mapped(), {"multiprocessing_context": "fork"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kwargs"), [pytest.param(d, k, id=i) for i, d, k in BAD_ARGUMENTS]
+)
+def test_bad_arguments_raise_like_torch(dataset: Callable[[], Any], kwargs: dict[str, Any]) -> None:
+    expected = _raised(lambda: TorchDataLoader(dataset(), **kwargs))
+    assert expected is not None, f"torch accepts {kwargs}: fix the table"
+    got = _raised(lambda: conveyor.DataLoader(dataset(), **kwargs))
+    assert isinstance(got, type(expected)), (
+        f"conveyor raised {got!r}, torch raised {type(expected).__name__}: {expected}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("batch_size", 4),
+        ("batch_sampler", None),
+        ("sampler", [0]),
+        ("drop_last", True),
+        ("dataset", [1, 2]),
+        ("persistent_workers", True),
+        ("multiprocessing_context", "threads"),
+        ("multiprocessing_context", 3),
+    ],
+)
+def test_setting_attributes_after_init_like_torch(name: str, value: Any) -> None:
+    errors = []
+    for cls in (TorchDataLoader, conveyor.DataLoader):
+        loader = cls(ds.MapDataset(4), batch_size=2, num_workers=1)
+        errors.append(_raised(lambda loader=loader: setattr(loader, name, value)))
+    expected, got = errors
+    assert expected is not None, f"torch allows setting {name}: fix the table"
+    assert isinstance(got, type(expected)), f"conveyor raised {got!r}, torch {expected!r}"
+
+
+def test_allowed_attribute_changes_like_torch() -> None:
+    for cls in (TorchDataLoader, conveyor.DataLoader):
+        loader = cls(ds.MapDataset(4), batch_size=2, num_workers=1)
+        loader.multiprocessing_context = "fork"
+        loader.num_workers = 0
+        assert [b["index"].tolist() for b in loader] == [[0, 1], [2, 3]], cls
