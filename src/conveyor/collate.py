@@ -13,9 +13,11 @@ are written into, so they can travel without another copy.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import math
+import operator
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
@@ -52,6 +54,7 @@ OUTPUT_ALLOCATOR: contextvars.ContextVar[Allocator | None] = contextvars.Context
 """When set, ``allocator(nbytes)`` returns a writable 1-d uint8 array of at least
 ``nbytes`` bytes (or None) that a stacked array or tensor is written into."""
 
+_SHAPE = operator.attrgetter("shape")
 _NP_SCALARS = (np.bool_, np.number, np.object_)
 _NATIVE_DTYPES = frozenset(
     np.dtype(name)
@@ -100,16 +103,31 @@ def _same_arrays(batch: Sequence[Any], dtype: Any, shape: Any, kind: Any) -> boo
     return all(type(x) is kind and x.dtype == dtype and x.shape == shape for x in batch)
 
 
-def _np_stack(batch: Sequence[Any], path: tuple[Any, ...]) -> np.ndarray:
+def _stack_exact(batch: Sequence[Any]) -> np.ndarray | None:
+    """Stack arrays that all share the first one's dtype and shape, else None.
+
+    Optimistic: ``casting="no"`` makes NumPy itself refuse any other dtype or
+    shape, so the happy path has no Python-level loop over the batch.
+    """
     elem = batch[0]
-    out = None
-    if isinstance(elem, np.ndarray) and _same_arrays(batch, elem.dtype, elem.shape, type(elem)):
-        shape = (len(batch), *elem.shape)
-        out = _out_buffer(shape, elem.dtype)
-        if out is None:
-            out = np.empty(shape, elem.dtype)
+    if not isinstance(elem, np.ndarray):
+        return None
+    shape = (len(batch), *elem.shape)
+    out = _out_buffer(shape, elem.dtype)
     try:
-        return np.stack(batch, out=out)
+        return np.stack(
+            batch, out=np.empty(shape, elem.dtype) if out is None else out, casting="no"
+        )
+    except (ValueError, TypeError):
+        return None
+
+
+def _np_stack(batch: Sequence[Any], path: tuple[Any, ...]) -> np.ndarray:
+    stacked = _stack_exact(batch)
+    if stacked is not None:
+        return stacked
+    try:
+        return np.stack(batch)  # mixed dtypes promote; mixed shapes raise and get explained
     except Exception as exc:
         _err.raise_leaf(batch, path, exc)
 
@@ -181,10 +199,10 @@ class _TorchLeaves:
         elem = batch[0]
         if elem.dtype.kind in "SUO":
             _err.raise_unsupported(batch, path, elem.dtype)
-        if elem.dtype in _NATIVE_DTYPES and all(
-            isinstance(a, np.ndarray) and a.dtype == elem.dtype for a in batch
-        ):
-            return torch.from_numpy(_np_stack(batch, path))
+        if elem.dtype in _NATIVE_DTYPES:
+            stacked = _stack_exact(batch)
+            if stacked is not None:
+                return torch.from_numpy(stacked)
         try:
             tensors = [torch.as_tensor(a) for a in batch]
         except Exception as exc:
@@ -204,6 +222,13 @@ class _TorchLeaves:
             _err.raise_leaf(batch, path, exc)
 
     def int_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        if type(batch[0]) is int:
+            # Through NumPy is several times faster for a list of plain ints; it
+            # gives int64 exactly when torch.tensor(batch) would.
+            with contextlib.suppress(OverflowError, ValueError, TypeError):
+                ints = np.array(batch)
+                if ints.dtype == np.int64 and ints.ndim == 1:
+                    return torch.from_numpy(ints)
         try:
             return torch.tensor(batch)
         except Exception as exc:
@@ -249,10 +274,9 @@ def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> An
         )
     if isinstance(elem, Sequence):
         try:
-            size = len(elem)
-            if any(len(s) != size for s in batch):
-                _err.raise_lengths(batch, path)
-            columns = list(zip(*batch, strict=False))
+            columns = list(zip(*batch, strict=True))
+        except ValueError:
+            _err.raise_lengths(batch, path)
         except TypeError as exc:
             _err.raise_not_sequence(batch, path, exc)
         items = [_collate(c, (*path, i), leaves) for i, c in enumerate(columns)]

@@ -173,6 +173,13 @@ class UnshardedIterable(IterableDataset):
             yield (i, worker)
 
 
+class SizedUnshardedIterable(UnshardedIterable):
+    """Reports ``n`` samples but yields ``n`` per worker."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class NoLenSampler:
     """An iterable of indices without ``__len__``."""
 

@@ -551,9 +551,11 @@ def worker_cases() -> list[Any]:
                 dict(batch_size=3, num_workers=3, in_order=False, prefetch_factor=1),
             ),
             case(
-                "unordered-random-w2",
-                randoms(),
-                dict(batch_size=2, num_workers=2, in_order=False, shuffle=True),
+                "unordered-shuffle-w2",
+                mapped(kind="nested"),
+                lambda side: dict(
+                    batch_size=2, num_workers=2, in_order=False, shuffle=True, generator=gen()
+                ),
             ),
         ]
     )
@@ -682,7 +684,10 @@ def test_lambda_collate_under_spawn() -> None:
             "collate_fn": lambda b: {"ids": [s["index"] for s in b], "a": [s["a"] for s in b]},
         }
 
-    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+    with (
+        pytest.raises((pickle.PicklingError, AttributeError, TypeError)),
+        pytest.warns(UserWarning, match="pickle error"),
+    ):
         iter(TorchDataLoader(ds.MapDataset(8), **kwargs("spawn")))
     reference = Case(mapped(8), lambda side: kwargs("fork"))
     expected: list[Any] = []
@@ -699,13 +704,16 @@ def test_lambda_collate_under_spawn() -> None:
 
 
 def test_iterable_longer_than_len_warns_like_torch() -> None:
-    """Uneven shards yield more batches than len(): both loaders warn."""
+    """An unsharded sized dataset yields more than len(): both warn, as often."""
+    counts = []
     for cls in (TorchDataLoader, conveyor.DataLoader):
-        loader = cls(ds.SizedShardedIterable(23), batch_size=4, num_workers=3)
-        assert len(loader) == 6
-        with pytest.warns(UserWarning, match="Length of IterableDataset"):
-            batches = [b["i"].tolist() for b in loader]
-        assert len(batches) == 7, cls
+        loader = cls(ds.SizedUnshardedIterable(3), batch_size=1, num_workers=2)
+        assert len(loader) == 3
+        with pytest.warns(UserWarning, match="Length of IterableDataset") as record:
+            batches = [b[0].tolist() for b in loader]
+        assert batches == [[0], [0], [1], [1], [2], [2]], cls
+        counts.append(sum("Length of IterableDataset" in str(w.message) for w in record))
+    assert counts[1] == counts[0] == 3
 
 
 # --- argument validation --------------------------------------------------------------

@@ -658,3 +658,14 @@ def test_default_collate_without_torch_returns_numpy() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_ragged_first_dimensions_that_add_up_are_still_an_error():
+    """(2,3), (1,3), (3,3) hold as many rows as three (2,3) arrays: still ragged."""
+    from conveyor.errors import CollateShapeError
+
+    batch = [np.zeros((2, 3)), np.zeros((1, 3)), np.zeros((3, 3))]
+    with pytest.raises(CollateShapeError):
+        numpy_collate(batch)
+    with pytest.raises(RuntimeError):
+        default_collate(batch)

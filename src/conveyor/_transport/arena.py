@@ -36,7 +36,7 @@ def round_up(n: int, to: int = PAGE) -> int:
     return (n + to - 1) // to * to
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SlotInfo:
     slot_id: int
     offset: int

@@ -35,14 +35,14 @@ except ImportError:  # pragma: no cover - exercised in the no-torch CI job
 _UINT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SlotPayload:
     slot: SlotInfo
     meta: bytes
     layout: tuple[tuple[int, int], ...]  # (offset, nbytes) of each out-of-band buffer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class InlinePayload:
     data: bytes
     slots_exhausted: bool = False  # sent inline only because every slot was in use

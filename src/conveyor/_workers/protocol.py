@@ -5,6 +5,9 @@ Each direction has its own pipe per worker. The main process sends
 :class:`BatchDone`, :class:`TaskFailed` or :class:`IterationEnded`, and says
 :class:`Ready` (or :class:`StartupFailed`) once after start-up.
 
+Messages are frozen dataclasses without __slots__: those unpickle in C, twice as
+fast as slotted ones, which matters at thousands of batches per second.
+
 A task is named by ``(epoch, seq)``: its position in the epoch's batch order.
 Everything exact (ordering, re-sending after a crash, discarding results of an
 abandoned epoch) is bookkeeping on those two numbers in the main process.
@@ -30,7 +33,7 @@ class Stage(str, Enum):
 # --- main process -> worker -------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Task:
     """Fetch and collate one batch.
 
@@ -46,7 +49,7 @@ class Task:
     released: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Stop:
     """Finish: exit the worker loop and release everything."""
 
@@ -54,20 +57,20 @@ class Stop:
 # --- worker -> main process -------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Ready:
     worker_id: int
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BatchDone:
     epoch: int
     seq: int
     payload: Any  # a transport payload; see conveyor._transport.codec
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class IterationEnded:
     """An iterable-style dataset's iterator in this worker is exhausted."""
 
@@ -75,7 +78,7 @@ class IterationEnded:
     seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RemoteError:
     """An exception raised in a worker, in a form that survives the trip.
 
@@ -93,7 +96,7 @@ class RemoteError:
     traceback: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TaskFailed:
     epoch: int
     seq: int
@@ -101,7 +104,7 @@ class TaskFailed:
     error: RemoteError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StartupFailed:
     stage: Stage
     error: RemoteError
