@@ -44,6 +44,7 @@ __all__ = [
     "WorkerError",
     "WorkerStartupError",
     "WorkerTimeoutError",
+    "add_note",
     "attach_worker_context",
 ]
 
@@ -201,8 +202,13 @@ def attach_worker_context(exc: BaseException, context: WorkerContext) -> BaseExc
         if context.traceback
         else ""
     )
+    return add_note(exc, note.rstrip())
+
+
+def add_note(exc: BaseException, note: str) -> BaseException:
+    """``exc.add_note(note)``, also on Python 3.10 (where notes are not printed)."""
     notes = list(getattr(exc, "__notes__", None) or [])
-    notes.append(note.rstrip())
+    notes.append(note)
     with contextlib.suppress(AttributeError):  # exceptions with __slots__, no dict
         exc.__notes__ = notes  # type: ignore[attr-defined]
     return exc

@@ -10,6 +10,7 @@ import math
 import multiprocessing
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 from . import collate as _collate
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
+from ._iter.policy import SupervisionPolicy
 from .dataset import is_iterable_dataset
+from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
 __all__ = ["DataLoader"]
@@ -58,6 +61,11 @@ class DataLoader:
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        max_worker_restarts: int = 3,
+        on_error: str = "raise",
+        max_errors: int | float = 0.01,
+        stall_warning: float | None = 60.0,
+        on_timeout: str = "raise",
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -88,7 +96,19 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context  # validated by the setter
         self.in_order = in_order
+        # conveyor's own options (keyword-only; see SupervisionPolicy).
+        self._policy = SupervisionPolicy(
+            max_worker_restarts=max_worker_restarts,
+            on_error=on_error,
+            max_errors=max_errors,
+            stall_warning=stall_warning,
+            on_timeout=on_timeout,
+        )
         self._is_iterable = is_iterable_dataset(dataset)
+        self._last_iterator: weakref.ref[Any] | None = None
+        self._skipped_log: list[SkippedSample] = []  # appended to by the iterators
+        self._epochs_started = 0
+        self._final_statistics: LoaderStatistics | None = None
 
         if self._is_iterable:
             if shuffle not in {False, None}:
@@ -200,16 +220,40 @@ class DataLoader:
     # --- iteration --------------------------------------------------------
 
     def __iter__(self) -> InlineIterator | MultiprocessIterator:
+        iterator: InlineIterator | MultiprocessIterator
         if self.num_workers == 0:
-            return InlineIterator(self)
-        if not self.persistent_workers:
+            iterator = InlineIterator(self)
+        elif not self.persistent_workers:
             self.check_worker_number_rationality()
-            return MultiprocessIterator(self)
-        if self._iterator is None or self._iterator._closed:
-            self._iterator = MultiprocessIterator(self)
+            iterator = MultiprocessIterator(self)
+        elif self._iterator is None or self._iterator._closed:
+            iterator = self._iterator = MultiprocessIterator(self)
         else:
             self._iterator._reset()
-        return self._iterator
+            iterator = self._iterator
+        # A weak reference: holding the iterator would keep its workers alive
+        # after the user's loop is gone.
+        self._last_iterator = weakref.ref(iterator)
+        return iterator
+
+    # --- what the loader reports ------------------------------------------------
+
+    def statistics(self) -> LoaderStatistics | None:
+        """Restarts, retries, skipped samples, in-flight tasks and per-worker
+        throughput of the current (or last) iteration; None before the first."""
+        iterator = self._last_iterator() if self._last_iterator is not None else None
+        if isinstance(iterator, MultiprocessIterator) and not iterator._closed:
+            return iterator.statistics()
+        return self._final_statistics
+
+    @property
+    def skipped_samples(self) -> tuple[SkippedSample, ...]:
+        """Every sample left out under ``on_error="skip"``, with its epoch and reason."""
+        return tuple(self._skipped_log)
+
+    def _next_epoch(self) -> int:
+        self._epochs_started += 1
+        return self._epochs_started - 1
 
     def __len__(self) -> int:
         if self._is_iterable:

@@ -9,6 +9,8 @@ names what went wrong.
 from __future__ import annotations
 
 import random
+import time
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -27,6 +29,8 @@ KINDS = (
     "scalars",
     "strings",
     "nested",
+    "mapping_types",
+    "dtypes",
 )
 
 
@@ -80,6 +84,18 @@ def make_sample(kind: str, i: int) -> Any:
             "meta": {"name": str(i), "t": torch.tensor([i, 2 * i], dtype=torch.int32)},
             "pair": (Point(i, float(i)), [True, i > 4]),
         }
+    if kind == "mapping_types":
+        counts: defaultdict[str, int] = defaultdict(int, {"seen": i})
+        return OrderedDict([("z", i), ("counts", counts), ("a", np.array([i, i], np.float16))])
+    if kind == "dtypes":
+        dtypes = (torch.bfloat16, torch.float16, torch.bool, torch.complex64, torch.int8)
+        sample = {str(d): torch.full((2,), i, dtype=d) for d in dtypes}
+        sample["uint16"] = torch.tensor([i], dtype=torch.uint16)
+        sample["empty"] = torch.empty(0, 3)
+        sample["scalar"] = torch.tensor(float(i))
+        sample["np_bool"] = np.array([i % 2 == 0, True])
+        sample["np_complex"] = np.array([1j * i], np.complex64)
+        return sample
     raise ValueError(f"unknown sample kind {kind!r}")
 
 
@@ -97,6 +113,26 @@ class MapDataset(Dataset):
         if not 0 <= i < self.n:
             raise IndexError(i)
         return make_sample(self.kind, i)
+
+
+class GetItemsDataset(MapDataset):
+    """Fetches whole batches through ``__getitems__``, as torch's fetcher prefers."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [{"index": i, "batched": len(indices)} for i in indices]
+
+
+class SlowFirstDataset(MapDataset):
+    """Sample 0 takes ``delay`` seconds; each sample reports the worker that made it."""
+
+    def __init__(self, n: int = 10, delay: float = 0.5) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0:
+            time.sleep(self.delay)
+        return i, torch.utils.data.get_worker_info().id
 
 
 class RandomDataset(Dataset):
@@ -180,6 +216,46 @@ class SizedUnshardedIterable(UnshardedIterable):
         return self.n
 
 
+class RangeIterable(IterableDataset):
+    """torch's documented pattern: ``worker_init_fn`` narrows each worker's range."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
+
+
+def split_range_worker_init(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    dataset = info.dataset
+    per_worker = -(-(dataset.end - dataset.start) // info.num_workers)
+    dataset.start = dataset.start + worker_id * per_worker
+    dataset.end = min(dataset.start + per_worker, dataset.end)
+
+
+def reseed_numpy_worker_init(worker_id: int) -> None:
+    """The common recipe for per-worker NumPy seeds."""
+    np.random.seed((torch.initial_seed() + worker_id) % 2**32)
+    random.seed(torch.initial_seed() * 3 + worker_id)
+
+
+class EagerShuffleBatchSampler:
+    """Shuffles with torch's global RNG inside ``__iter__`` itself, not lazily."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n = n
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        perm = torch.randperm(self.n).tolist()
+        return iter([perm[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)])
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+
 class NoLenSampler:
     """An iterable of indices without ``__len__``."""
 
@@ -212,3 +288,14 @@ def collate_sum(batch: list[dict[str, Any]]) -> tuple[Any, ...]:
 
 def collate_identity(batch: list[Any]) -> list[Any]:
     return batch
+
+
+def collate_views(batch: list[Any]) -> dict[str, Any]:
+    """Tensors that are views: transposed, strided, and two sharing one storage."""
+    base = torch.arange(12.0).reshape(3, 4) + len(batch)
+    return {"transposed": base.t(), "column": base[:, 1], "alias": (base, base[0])}
+
+
+def collate_conj(batch: list[Any]) -> Any:
+    """A lazily conjugated tensor (its conjugate bit is set)."""
+    return torch.tensor([1 + 2j, 3 - 1j] * len(batch), dtype=torch.complex64).conj()

@@ -28,8 +28,12 @@ def test_torch_names_are_exported(name):
 @pytest.mark.parametrize("name", ["DataLoader", "RandomSampler", "BatchSampler"])
 def test_signatures_match_torch(name):
     torch_data = pytest.importorskip("torch.utils.data")
-    ours = inspect.signature(getattr(conveyor, name))
-    theirs = inspect.signature(getattr(torch_data, name))
-    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
-        (p.name, p.kind, p.default) for p in theirs.parameters.values()
+    ours = list(inspect.signature(getattr(conveyor, name)).parameters.values())
+    theirs = list(inspect.signature(getattr(torch_data, name)).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[: len(theirs)]] == [
+        (p.name, p.kind, p.default) for p in theirs
     ]
+    # conveyor's own options come after torch's, keyword-only, with defaults.
+    for extra in ours[len(theirs) :]:
+        assert extra.kind is inspect.Parameter.KEYWORD_ONLY, extra
+        assert extra.default is not inspect.Parameter.empty, extra

@@ -108,3 +108,18 @@ def test_torch_tensors_of_every_dtype_roundtrip(pair):
     for name, tensor in tensors.items():
         assert out[name].dtype == tensor.dtype, name
         assert torch.equal(out[name], tensor), name
+
+
+def test_closing_an_arena_keeps_slots_mapped_before_and_refuses_new_ones():
+    """A dead worker's arena is closed while its finished batches wait to be taken."""
+    fd = create_arena_fd(0)
+    encoder = Encoder(WorkerArena(fd, max_slots=4))
+    main = MainArena(fd)
+    first = encoder.encode(np.full(1000, 7))
+    second = encoder.encode(np.full(1000, 9))
+    main.map_all([first.slot])
+    main.close()
+    decoder = Decoder(main, lambda slot: None)
+    assert int(decoder.decode(first)[0]) == 7
+    with pytest.raises(RuntimeError, match="not mapped"):
+        decoder.decode(second)  # never silently zeros

@@ -27,6 +27,38 @@ class MapFetcher:
             return self._getitems(index)
         return [self.dataset[i] for i in index]
 
+    def fetch_each(
+        self,
+        index: list[Any],
+        *,
+        exclude: tuple[Any, ...] = (),
+        tolerate: bool = False,
+        on_position: Callable[[int], None] | None = None,
+    ) -> tuple[list[Any], list[Any], list[tuple[Any, Exception]]]:
+        """Fetch sample by sample: slower, but says which one failed.
+
+        Returns the samples, their dataset indices, and (with ``tolerate``)
+        the ``(index, exception)`` of each sample that raised.
+        """
+        samples: list[Any] = []
+        kept: list[Any] = []
+        failed: list[tuple[Any, Exception]] = []
+        for position, i in enumerate(index):
+            if i in exclude:
+                continue
+            if on_position is not None:
+                on_position(position)
+            try:
+                sample = self._getitems([i])[0] if self._getitems else self.dataset[i]
+            except Exception as exc:
+                if not tolerate:
+                    raise
+                failed.append((i, exc))
+                continue
+            samples.append(sample)
+            kept.append(i)
+        return samples, kept, failed
+
 
 class IterableFetcher:
     """Pulls from one iterator of an iterable-style dataset.

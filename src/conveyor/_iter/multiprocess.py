@@ -1,4 +1,4 @@
-"""Iterate with worker processes: dispatch tasks, wait on events, reorder.
+"""Iterate with worker processes: dispatch tasks, wait on events, reorder, recover.
 
 Dispatch follows torch exactly: tasks go round-robin to the active workers,
 ``prefetch_factor`` per worker up front and one more per batch handed out, so
@@ -7,21 +7,23 @@ and per-worker randomness lands on the same samples.
 
 The main process blocks in ``multiprocessing.connection.wait`` on the result
 pipes and the process sentinels together: a batch and a dead worker wake it
-alike, at once.
+alike, at once. A dead worker is replaced and its unanswered tasks re-sent
+(see ``_recover``): every index is still delivered exactly once, in order.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import warnings
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
-from .._transport.codec import InlinePayload
+from .._transport.codec import InlinePayload, SlotPayload
 from .._workers.exits import describe_exit
 from .._workers.loop import UserObjects, WorkerSpec
 from .._workers.pool import Worker, WorkerPool
@@ -29,26 +31,42 @@ from .._workers.protocol import (
     BatchDone,
     IterationEnded,
     Ready,
+    SampleFailed,
     Stage,
     StartupFailed,
     Task,
     TaskFailed,
 )
 from .._workers.remote_error import rebuild
+from .._workers.status import WorkerStatus, read_status
 from ..errors import (
     WorkerContext,
     WorkerCrashedError,
     WorkerStartupError,
     WorkerTimeoutError,
+    add_note,
     attach_worker_context,
 )
+from ..records import InFlightTask, LoaderStatistics, SkippedSample, WorkerStatistics
 from ..sampling import draw_base_seed
 from .pinning import pin_batch
+from .policy import SupervisionPolicy
 
 if TYPE_CHECKING:
     from ..loader import DataLoader
 
-DEFAULT_MAX_SLOTS_EXTRA = 4  # slots beyond prefetch_factor: batches the user holds
+log = logging.getLogger("conveyor")
+
+SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
+STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
+
+
+class WorkerRestartedWarning(RuntimeWarning):
+    """A worker died and was replaced; its tasks were re-sent, nothing was lost."""
+
+
+class WorkerStallWarning(RuntimeWarning):
+    """A task has been running far longer than usual; the message has the stack."""
 
 
 @dataclass
@@ -56,6 +74,24 @@ class _Outstanding:
     worker_id: int
     index: Any
     sent_at: float
+    crashes: int = 0
+    exclude: tuple[Any, ...] = ()
+    stall_reported: bool = False
+
+
+@dataclass
+class _Done:
+    message: BatchDone | TaskFailed | IterationEnded
+    worker: Worker  # the worker that produced it (maybe replaced since)
+
+
+@dataclass
+class _WorkerCounters:
+    batches: int = 0
+    samples: int = 0
+    restarts: int = 0
+    init_crashes: int = 0
+    since: float = field(default_factory=time.monotonic)
 
 
 class MultiprocessIterator:
@@ -69,8 +105,14 @@ class MultiprocessIterator:
         self._pin = loader._pin_memory_enabled()
         self._index_sampler = loader._index_sampler
         self._iterable = loader._is_iterable
+        self._policy: SupervisionPolicy = loader._policy
         self._len_hint: int | None = loader._iterable_len_called
         self._warned_inline = False
+        self._restarts = 0
+        self._retried = 0
+        self._skipped: list[SkippedSample] = loader._skipped_log
+        self._batch_time = 0.0  # moving average of a task's time in a worker
+        self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
         base_seed = draw_base_seed(loader.generator)
         self._epoch = -1
         self._sampler_iter: Iterator[Any] = iter(())
@@ -82,8 +124,9 @@ class MultiprocessIterator:
                 iterable=self._iterable,
                 auto_collation=loader._auto_collation,
                 drop_last=loader.drop_last,
-                max_slots=self._prefetch + DEFAULT_MAX_SLOTS_EXTRA,
+                max_slots=self._prefetch + SLOTS_BEYOND_PREFETCH,
                 parent_pid=_own_pid(),
+                skip_errors=self._policy.on_error == "skip",
             )
             for i in range(self._num_workers)
         ]
@@ -108,6 +151,7 @@ class MultiprocessIterator:
         try:
             batch = self._next_batch()
         except StopIteration:
+            self._log_epoch_summary()
             if not self._persistent:
                 self.close()
             raise
@@ -120,6 +164,8 @@ class MultiprocessIterator:
 
     def close(self) -> None:
         """Stop the workers now (the loop ended, broke, or raised)."""
+        if not self._closed:
+            self._loader._final_statistics = self.statistics()
         self._closed = True
         self._finalizer()
 
@@ -127,21 +173,59 @@ class MultiprocessIterator:
         """Start another epoch on the same (persistent) workers."""
         self._start_epoch()
 
+    def statistics(self) -> LoaderStatistics:
+        now = time.monotonic()
+        in_flight = tuple(
+            InFlightTask(t.worker_id, seq, _indices(t.index, self._iterable), now - t.sent_at)
+            for seq, t in sorted(self._outstanding.items())
+            if seq not in self._results
+        )
+        workers = tuple(
+            WorkerStatistics(
+                worker_id=w.worker_id,
+                pid=w.pid,
+                batches=c.batches,
+                samples=c.samples,
+                restarts=c.restarts,
+                samples_per_s=c.samples / max(now - c.since, 1e-9),
+            )
+            for w, c in zip(self._workers, self._counters, strict=True)
+        )
+        return LoaderStatistics(
+            epoch=self._epoch,
+            batches=self._num_yielded,
+            samples=self._samples_yielded,
+            worker_restarts=self._restarts,
+            tasks_retried=self._retried,
+            samples_skipped=len(self._skipped),
+            in_flight=in_flight,
+            workers=workers,
+        )
+
     # --- epochs and dispatch ----------------------------------------------
 
     def _start_epoch(self) -> None:
-        self._epoch += 1
+        self._epoch = self._loader._next_epoch()
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
+        self._samples_yielded = 0
         self._next_seq = 0  # next seq to send
         self._rcvd_seq = 0  # next seq to hand out (in order)
         self._outstanding: dict[int, _Outstanding] = {}
-        self._results: dict[int, Any] = {}  # done, not yet handed out
+        self._results: dict[int, _Done] = {}  # done, not yet handed out
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         self._sampler_done = False
+        self._epoch_skipped_from = len(self._skipped)
+        self._error_budget = self._policy.error_budget(self._epoch_samples())
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
+
+    def _epoch_samples(self) -> int | None:
+        try:
+            return len(self._loader.sampler)
+        except TypeError:
+            return None
 
     def _dispatch(self) -> None:
         if self._sampler_done:
@@ -160,8 +244,19 @@ class MultiprocessIterator:
         worker = self._workers[worker_id]
         seq = self._next_seq
         self._next_seq += 1
-        worker.send(Task(self._epoch, seq, index, worker.take_releases()))
-        self._outstanding[seq] = _Outstanding(worker_id, index, time.monotonic())
+        exclude = self._known_poison(index)
+        worker.send(Task(self._epoch, seq, index, worker.take_releases(), exclude=exclude))
+        self._outstanding[seq] = _Outstanding(worker_id, index, time.monotonic(), exclude=exclude)
+
+    def _known_poison(self, index: Any) -> tuple[Any, ...]:
+        """Samples that killed workers earlier: left out again, without a crash."""
+        if not self._poison or self._iterable:
+            return ()
+        return tuple(i for i in _indices(index, False) if i in self._poison)
+
+    @property
+    def _poison(self) -> set[Any]:
+        return {s.index for s in self._skipped if s.stage == "crash"}
 
     # --- receiving -------------------------------------------------------
 
@@ -174,47 +269,64 @@ class MultiprocessIterator:
                 self._receive()
                 continue
             task = self._outstanding.pop(seq)
-            message = self._results.pop(seq)
+            done = self._results.pop(seq)
+            message = done.message
             if isinstance(message, IterationEnded):
                 self._active[task.worker_id] = False
                 self._dispatch()
                 continue
             self._dispatch()
             if isinstance(message, TaskFailed):
-                raise self._task_error(message, task)
-            return self._decode(message, task)
+                raise self._task_error(message, task, done.worker)
+            if message.payload is None:
+                continue  # every sample of this batch was skipped
+            return self._decode(message, done.worker)
 
     def _ready_seq(self) -> int | None:
-        if self._in_order:
-            return self._rcvd_seq_if_ready()
-        return next(iter(self._results), None)
-
-    def _rcvd_seq_if_ready(self) -> int | None:
-        # Skip seqs already handed out (in_order=False never reaches here).
+        if not self._in_order:
+            return next(iter(self._results), None)
         if self._rcvd_seq in self._results:
-            seq = self._rcvd_seq
             self._rcvd_seq += 1
-            return seq
+            return self._rcvd_seq - 1
         return None
 
     def _receive(self) -> None:
         """Block until a worker sends something or dies; file what came."""
-        by_conn = {w.results: w for w in self._workers}
-        by_sentinel = {w.process.sentinel: w for w in self._workers}
         deadline = None if not self._timeout else time.monotonic() + self._timeout
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait([*by_conn, *by_sentinel], timeout=remaining)
+            by_conn = {w.results: w for w in self._workers}
+            by_sentinel = {w.process.sentinel: w for w in self._workers}
+            wake = self._next_wake(deadline)
+            ready = wait([*by_conn, *by_sentinel], timeout=wake)
             if not ready:
-                raise self._timeout_error()
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._on_timeout()
+                    return
+                self._report_stalls()
+                continue
             for obj in ready:
                 if obj in by_conn:
                     self._handle_message(by_conn[obj])
-            dead = [by_sentinel[obj] for obj in ready if obj in by_sentinel]
-            for worker in dead:
-                self._drain(worker)
-                raise self._crash_error(worker)
+            for obj in ready:
+                if obj in by_sentinel:
+                    self._recover(by_sentinel[obj])
             return
+
+    def _next_wake(self, deadline: float | None) -> float | None:
+        """Seconds until the timeout or the next stall check, None if neither."""
+        now = time.monotonic()
+        wakes = [] if deadline is None else [deadline - now]
+        threshold = self._stall_threshold()
+        if threshold is not None:
+            for task in self._outstanding.values():
+                if not task.stall_reported:
+                    wakes.append(task.sent_at + threshold - now)
+        return max(0.0, min(wakes)) if wakes else None
+
+    def _stall_threshold(self) -> float | None:
+        if self._policy.stall_warning is None:
+            return None
+        return max(self._policy.stall_warning, STALL_FACTOR * self._batch_time)
 
     def _drain(self, worker: Worker) -> None:
         """Take what a dead worker sent before dying."""
@@ -237,26 +349,286 @@ class MultiprocessIterator:
         elif isinstance(message, StartupFailed):
             raise self._startup_error(worker, message)
         elif isinstance(message, (BatchDone, TaskFailed, IterationEnded)):
-            if message.epoch != self._epoch or message.seq not in self._outstanding:
+            task = self._outstanding.get(message.seq)
+            if message.epoch != self._epoch or task is None or message.seq in self._results:
                 # A batch of an epoch the user abandoned: just free its slot.
-                if isinstance(message, BatchDone):
+                if isinstance(message, BatchDone) and message.payload is not None:
                     worker.decoder.discard(message.payload)
-            else:
-                self._results[message.seq] = message
+                return True
+            self._results[message.seq] = _Done(message, worker)
+            elapsed = time.monotonic() - task.sent_at
+            self._batch_time = (
+                elapsed if not self._batch_time else (0.9 * self._batch_time + 0.1 * elapsed)
+            )
+            if isinstance(message, BatchDone) and message.skipped:
+                self._record_skips(message.skipped, worker, message)
         return True
 
-    def _decode(self, message: BatchDone, task: _Outstanding) -> Any:
-        worker = self._workers[task.worker_id]
+    def _decode(self, message: BatchDone, worker: Worker) -> Any:
         payload = message.payload
         if isinstance(payload, InlinePayload) and payload.slots_exhausted:
             self._warn_slots_exhausted(worker)
         batch = worker.decoder.decode(payload)
+        counters = self._counters[worker.worker_id]
+        counters.batches += 1
+        size = _batch_size(batch)
+        counters.samples += size
+        self._samples_yielded += size
         return pin_batch(batch) if self._pin else batch
+
+    # --- bad samples -------------------------------------------------------
+
+    def _record_skips(
+        self, failures: tuple[SampleFailed, ...], worker: Worker, message: BatchDone
+    ) -> None:
+        for failure in failures:
+            error = failure.error
+            self._skipped.append(
+                SkippedSample(
+                    index=failure.index,
+                    epoch=self._epoch,
+                    worker_id=worker.worker_id,
+                    stage=failure.stage.value,
+                    exception_type=f"{error.module}.{error.qualname}",
+                    message=error.message,
+                )
+            )
+        self._check_error_budget(lambda: self._skip_budget_error(failures[-1], worker, message))
+
+    def _check_error_budget(self, make_error: Any) -> None:
+        lost = len(self._skipped) - self._epoch_skipped_from
+        if self._error_budget is not None and lost > self._error_budget:
+            raise make_error()
+
+    def _skip_budget_error(
+        self, failure: SampleFailed, worker: Worker, message: BatchDone
+    ) -> BaseException:
+        exc = rebuild(failure.error)
+        context = WorkerContext(
+            worker_id=worker.worker_id,
+            pid=worker.pid or -1,
+            stage=failure.stage.value,
+            indices=(failure.index,),
+            traceback=failure.error.traceback,
+            epoch=message.epoch,
+            seq=message.seq,
+        )
+        attach_worker_context(exc, context)
+        add_note(exc, self._budget_note())
+        return exc
+
+    def _budget_note(self) -> str:
+        lost = len(self._skipped) - self._epoch_skipped_from
+        return (
+            f"on_error='skip' gave up: {lost} samples skipped in epoch {self._epoch}, more than "
+            f"max_errors={self._policy.max_errors!r} allows ({self._error_budget} samples). "
+            "The skipped samples are in loader.skipped_samples. Fix the dataset, or raise "
+            "max_errors if losing them is acceptable."
+        )
+
+    # --- dead workers ------------------------------------------------------
+
+    def _recover(self, worker: Worker) -> None:
+        """Replace a dead worker and re-send what it had not answered."""
+        self._drain(worker)
+        worker.process.join(timeout=1.0)
+        status = read_status(worker.arena.status_page)
+        held = sorted(
+            seq
+            for seq, t in self._outstanding.items()
+            if t.worker_id == worker.worker_id and seq not in self._results
+        )
+        culprit = self._culprit(status, held)
+        if self._iterable:
+            raise self._crash_error(
+                worker,
+                status,
+                held,
+                culprit,
+                note=(
+                    "An iterable-style dataset's iterator cannot be resumed in a new process, "
+                    "so conveyor does not restart workers for it."
+                ),
+            )
+        counters = self._counters[worker.worker_id]
+        if status.stage in (Stage.STARTUP, Stage.WORKER_INIT):
+            counters.init_crashes += 1
+            if counters.init_crashes >= 2:
+                raise self._crash_error(
+                    worker,
+                    status,
+                    held,
+                    culprit,
+                    note=(
+                        "It died the same way in its replacement, before any task: this is not "
+                        "a passing failure."
+                    ),
+                )
+        if culprit is not None:
+            task = self._outstanding[culprit]
+            task.crashes += 1
+            if task.crashes >= 2:
+                self._handle_poison(worker, status, held, culprit, task)
+        if self._restarts >= self._policy.max_worker_restarts:
+            raise self._crash_error(
+                worker,
+                status,
+                held,
+                culprit,
+                note=(
+                    f"The restart budget is spent (max_worker_restarts="
+                    f"{self._policy.max_worker_restarts}); raise it to tolerate more crashes."
+                ),
+            )
+        self._restarts += 1
+        counters.restarts += 1
+        # Batches this worker finished but the user has not taken yet live in its
+        # memfd: map them now, before the pool closes our handle on it.
+        worker.arena.map_all(
+            [
+                d.message.payload.slot
+                for d in self._results.values()
+                if d.worker is worker
+                and isinstance(d.message, BatchDone)
+                and isinstance(d.message.payload, SlotPayload)
+            ]
+        )
+        summary = self._death_summary(worker, status, held, culprit)
+        replacement = self._pool.replace(worker.worker_id)
+        resent = 0
+        for seq in held:
+            if seq in self._results:
+                continue  # settled by the poison handling
+            task = self._outstanding[seq]
+            task.sent_at = time.monotonic()
+            task.stall_reported = False
+            replacement.send(
+                Task(self._epoch, seq, task.index, trace=seq == culprit, exclude=task.exclude)
+            )
+            resent += 1
+        self._retried += resent
+        warnings.warn(
+            f"{summary} Started a replacement "
+            f"(restart {self._restarts} of {self._policy.max_worker_restarts}) and re-sent its "
+            f"{resent} unanswered task(s); no sample is lost or repeated.",
+            WorkerRestartedWarning,
+            stacklevel=5,
+        )
+
+    def _culprit(self, status: WorkerStatus, held: list[int]) -> int | None:
+        """The task the worker was running when it died."""
+        if status.stage in (Stage.FETCH, Stage.COLLATE, Stage.TRANSFER):
+            if status.epoch == self._epoch and status.seq in held:
+                return status.seq
+            return None
+        return None
+
+    def _handle_poison(
+        self,
+        worker: Worker,
+        status: WorkerStatus,
+        held: list[int],
+        culprit: int,
+        task: _Outstanding,
+    ) -> None:
+        """The same task killed its worker twice: find the sample, skip or raise."""
+        indices = _indices(task.index, self._iterable)
+        poison = None
+        if status.stage is Stage.FETCH and 0 <= status.position < len(indices):
+            poison = indices[status.position]
+        if self._policy.on_error != "skip":
+            raise self._crash_error(
+                worker,
+                status,
+                held,
+                culprit,
+                note=(
+                    (
+                        f"Dataset index {poison!r} killed its worker twice (the first time, and "
+                        "again on retry): that sample is the cause, not the machine. Fix the "
+                        "sample, or pass on_error='skip' to leave it out."
+                    )
+                    if poison is not None
+                    else "This batch killed its worker twice (the first time, and again on "
+                    "retry), outside fetching samples; pass on_error='skip' to leave it out."
+                ),
+            )
+        why = f"killed its worker twice: {describe_exit(worker.process.exitcode)}"
+        lost = (
+            (poison,) if poison is not None else tuple(i for i in indices if i not in task.exclude)
+        )
+        for index in lost:
+            self._skipped.append(
+                SkippedSample(
+                    index,
+                    self._epoch,
+                    worker.worker_id,
+                    "crash",
+                    "conveyor.errors.WorkerCrashedError",
+                    why,
+                )
+            )
+        if poison is not None:
+            task.exclude = (*task.exclude, poison)
+            task.crashes = 0
+        else:  # nothing left to retry: settle the task as an empty batch
+            self._results[culprit] = _Done(BatchDone(self._epoch, culprit, None), worker)
+        self._check_error_budget(
+            lambda: self._crash_error(worker, status, held, culprit, note=self._budget_note())
+        )
+
+    # --- stalls and timeouts --------------------------------------------
+
+    def _report_stalls(self) -> None:
+        threshold = self._stall_threshold()
+        if threshold is None:
+            return
+        now = time.monotonic()
+        for seq, task in sorted(self._outstanding.items()):
+            if task.stall_reported or seq in self._results or now - task.sent_at < threshold:
+                continue
+            worker = self._workers[task.worker_id]
+            status = read_status(worker.arena.status_page)
+            if status.seq != seq or status.stage is None:
+                continue  # queued behind another task, not running: not stalled itself
+            task.stall_reported = True
+            warnings.warn(
+                f"DataLoader worker {worker.worker_id} (pid {worker.pid}) has spent "
+                f"{status.age_s:.0f} s on batch {seq} (dataset indices "
+                f"{_short(_indices(task.index, self._iterable))}), in stage "
+                f"{status.stage.value}; batches usually take {self._batch_time:.2g} s. "
+                "It may be stuck (a dead network mount, a lock, an endless loop). Its "
+                f"current Python stack:\n{self._pool.dump_stacks(worker) or '(unavailable)'}",
+                WorkerStallWarning,
+                stacklevel=5,
+            )
+
+    def _on_timeout(self) -> None:
+        running = [
+            (seq, t) for seq, t in sorted(self._outstanding.items()) if seq not in self._results
+        ]
+        seq, task = running[0]
+        worker = self._workers[task.worker_id]
+        stacks = self._pool.dump_stacks(worker)
+        if self._policy.on_timeout == "restart":
+            self._pool.kill(worker)
+            worker.process.join()
+            self._recover(worker)
+            return
+        age = time.monotonic() - task.sent_at
+        raise WorkerTimeoutError(
+            f"DataLoader timed out after {self._timeout} seconds: no batch arrived. The "
+            f"oldest task, batch {seq} (dataset indices "
+            f"{_short(_indices(task.index, self._iterable))}), was sent to worker "
+            f"{worker.worker_id} (pid {worker.pid}) {age:.1f} s ago. Fix: find what blocks "
+            "that sample (a slow disk or network read, a lock), raise timeout, or pass "
+            "on_timeout='restart' to kill the stuck worker and retry."
+            + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else "")
+        )
 
     # --- errors ------------------------------------------------------------
 
-    def _task_error(self, message: TaskFailed, task: _Outstanding) -> BaseException:
-        worker = self._workers[task.worker_id]
+    def _task_error(self, message: TaskFailed, task: _Outstanding, worker: Worker) -> BaseException:
         exc = rebuild(message.error)
         return attach_worker_context(
             exc,
@@ -292,36 +664,45 @@ class MultiprocessIterator:
         error.__cause__ = exc
         return attach_worker_context(error, context)
 
-    def _crash_error(self, worker: Worker) -> WorkerCrashedError:
-        worker.process.join(timeout=1.0)
-        held = [t for t in self._outstanding.values() if t.worker_id == worker.worker_id]
-        indices = tuple(i for t in held for i in _indices(t.index, self._iterable))
+    def _death_summary(
+        self, worker: Worker, status: WorkerStatus, held: list[int], culprit: int | None
+    ) -> str:
         exit_text = describe_exit(worker.process.exitcode)
-        holding = (
-            f"It held {len(held)} task(s) with dataset indices {_short(indices)}."
-            if indices
-            else "It held no task."
+        where = ""
+        if status.stage is not None:
+            where = f" during {status.stage.value}"
+            if culprit is not None:
+                task = self._outstanding[culprit]
+                indices = _indices(task.index, self._iterable)
+                where += f" of batch {culprit} (dataset indices {_short(indices)})"
+                if 0 <= status.position < len(indices) and status.stage is Stage.FETCH:
+                    where += f", at dataset index {indices[status.position]!r}"
+        holding = [
+            i for seq in held for i in _indices(self._outstanding[seq].index, self._iterable)
+        ]
+        held_text = f" It held dataset indices {_short(tuple(holding))}." if holding else ""
+        return (
+            f"DataLoader worker {worker.worker_id} (pid {worker.pid}) exited "
+            f"unexpectedly{where}: {exit_text}.{held_text}"
+        )
+
+    def _crash_error(
+        self,
+        worker: Worker,
+        status: WorkerStatus,
+        held: list[int],
+        culprit: int | None,
+        note: str,
+    ) -> WorkerCrashedError:
+        indices = tuple(
+            i for seq in held for i in _indices(self._outstanding[seq].index, self._iterable)
         )
         return WorkerCrashedError(
-            f"DataLoader worker {worker.worker_id} (pid {worker.pid}) exited unexpectedly: "
-            f"{exit_text}. {holding}",
+            f"{self._death_summary(worker, status, held, culprit)} {note}",
             worker_id=worker.worker_id,
             pid=worker.pid,
             exitcode=worker.process.exitcode,
             indices=indices,
-        )
-
-    def _timeout_error(self) -> WorkerTimeoutError:
-        oldest_seq = min(self._outstanding)
-        task = self._outstanding[oldest_seq]
-        worker = self._workers[task.worker_id]
-        age = time.monotonic() - task.sent_at
-        return WorkerTimeoutError(
-            f"DataLoader timed out after {self._timeout} seconds: no batch arrived. The "
-            f"oldest task, batch {oldest_seq} (dataset indices "
-            f"{_short(_indices(task.index, self._iterable))}), was sent to worker "
-            f"{worker.worker_id} (pid {worker.pid}) {age:.1f} s ago. Fix: find what blocks "
-            "that sample (a slow disk or network read, a lock), or raise timeout."
         )
 
     def _warn_slots_exhausted(self, worker: Worker) -> None:
@@ -335,7 +716,23 @@ class MultiprocessIterator:
             "appends them to a list). Fix: keep only what you need (e.g. .clone() or "
             ".copy() the part you keep).",
             ResourceWarning,
-            stacklevel=3,
+            stacklevel=4,
+        )
+
+    def _log_epoch_summary(self) -> None:
+        skipped = self._skipped[self._epoch_skipped_from :]
+        if not skipped:
+            return
+        shown = ", ".join(
+            f"{s.index!r} ({s.exception_type.rsplit('.', 1)[-1]})" for s in skipped[:10]
+        )
+        log.warning(
+            "Epoch %d: skipped %d sample(s) under on_error='skip': %s%s. "
+            "All are in loader.skipped_samples.",
+            self._epoch,
+            len(skipped),
+            shown,
+            ", ..." if len(skipped) > 10 else "",
         )
 
     def _check_iterable_length(self) -> None:
@@ -355,6 +752,24 @@ def _indices(index: Any, iterable: bool) -> tuple[Any, ...]:
     if iterable:
         return ()
     return tuple(index) if isinstance(index, (list, tuple)) else (index,)
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a collated batch, best effort (for statistics only)."""
+    node = batch
+    for _ in range(8):
+        shape = getattr(node, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 1
+        if isinstance(node, dict) and node:
+            node = next(iter(node.values()))
+        elif isinstance(node, (list, tuple)) and node:
+            if isinstance(node[0], (str, bytes, int, float)):
+                return len(node)
+            node = node[0]
+        else:
+            break
+    return 1
 
 
 def _short(indices: tuple[Any, ...], limit: int = 16) -> str:

@@ -29,7 +29,14 @@ class SharedMemoryExhaustedError(ConveyorError, MemoryError):
 
 
 def create_arena_fd(worker_id: int) -> int:
-    return os.memfd_create(f"conveyor-worker-{worker_id}", os.MFD_CLOEXEC)
+    """A new worker's memfd; its first page is the worker's status page."""
+    fd = os.memfd_create(f"conveyor-worker-{worker_id}", os.MFD_CLOEXEC)
+    os.ftruncate(fd, PAGE)
+    return fd
+
+
+def map_status_page(fd: int) -> memoryview:
+    return memoryview(mmap.mmap(fd, PAGE, mmap.MAP_SHARED, offset=0))
 
 
 def round_up(n: int, to: int = PAGE) -> int:
@@ -49,7 +56,8 @@ class WorkerArena:
     def __init__(self, fd: int, max_slots: int) -> None:
         self._fd = fd
         self._max_slots = max_slots
-        self._end = 0  # bytes of the memfd handed out to slots
+        self.status_page = map_status_page(fd)
+        self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._free: set[int] = set()
@@ -103,18 +111,25 @@ class MainArena:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.status_page = map_status_page(fd)
         self._maps: dict[int, np.ndarray] = {}
 
     def view(self, slot: SlotInfo) -> np.ndarray:
         view = self._maps.get(slot.slot_id)
         if view is None:
+            if self.fd < 0:  # mmap(-1) would silently map fresh zeroed memory
+                raise RuntimeError(f"slot {slot.slot_id} was not mapped before its arena closed")
             view = self._maps[slot.slot_id] = _map(self.fd, slot)
         return view
 
+    def map_all(self, slots: list[SlotInfo]) -> None:
+        """Map these slots now, so they stay readable after the fd is closed."""
+        for slot in slots:
+            self.view(slot)
+
     def close(self) -> None:
-        # Maps still referenced by a user's arrays stay valid: dropping ours
-        # only removes this reference, and closing the fd does not unmap.
-        self._maps.clear()
+        """Close the fd; maps already made stay valid (closing an fd does not unmap)
+        and go with this object, or with the last array that uses them."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

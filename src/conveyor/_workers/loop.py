@@ -7,6 +7,7 @@ happened in and sent back; the main process decides what to do.
 
 from __future__ import annotations
 
+import faulthandler
 import mmap
 import os
 import random
@@ -29,6 +30,7 @@ from .protocol import (
     BatchDone,
     IterationEnded,
     Ready,
+    SampleFailed,
     Stage,
     StartupFailed,
     Stop,
@@ -36,6 +38,7 @@ from .protocol import (
     TaskFailed,
 )
 from .remote_error import capture
+from .status import StatusWriter
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class WorkerSpec:
     drop_last: bool
     max_slots: int
     parent_pid: int
+    skip_errors: bool = False  # on_error="skip": leave failing samples out
 
 
 def worker_main(
@@ -65,6 +69,7 @@ def worker_main(
     tasks: Connection,
     results: Connection,
     arena_fd: InheritedFd,
+    stack_fd: InheritedFd,
 ) -> None:
     """Entry point of a worker process.
 
@@ -75,6 +80,13 @@ def worker_main(
     # it and stops us, so the user sees one KeyboardInterrupt, not one per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_watch.die_with_parent(spec.parent_pid)
+    # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
+    # faulthandler answers from C, even while Python code is stuck.
+    faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
+    arena = WorkerArena(arena_fd.fd, spec.max_slots)
+    status = StatusWriter(arena.status_page)
+    status.begin(-1, -1)
+    status.stage(Stage.STARTUP)
     try:
         objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
     except BaseException as exc:
@@ -83,18 +95,25 @@ def worker_main(
     seed = spec.base_seed + spec.worker_id
     set_worker_info(WorkerInfo(spec.worker_id, spec.num_workers, seed, objects.dataset))
     _seed_like_torch(spec.base_seed, spec.worker_id)
+    status.stage(Stage.WORKER_INIT)
     if objects.worker_init_fn is not None:
         try:
             objects.worker_init_fn(spec.worker_id)
         except BaseException as exc:
             results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
             return
+    status.idle()
     results.send(Ready(spec.worker_id, os.getpid()))
-    _serve(spec, objects, tasks, results, Encoder(WorkerArena(arena_fd.fd, spec.max_slots)))
+    _serve(spec, objects, tasks, results, Encoder(arena), status)
 
 
 def _serve(
-    spec: WorkerSpec, objects: UserObjects, tasks: Connection, results: Connection, encoder: Encoder
+    spec: WorkerSpec,
+    objects: UserObjects,
+    tasks: Connection,
+    results: Connection,
+    encoder: Encoder,
+    status: StatusWriter,
 ) -> None:
     fetcher: MapFetcher | IterableFetcher
     if spec.iterable:
@@ -117,32 +136,71 @@ def _serve(
             epoch = message.epoch
             if isinstance(fetcher, IterableFetcher):
                 fetcher.restart()
+        status.begin(message.epoch, message.seq)
+        reply = _run(message, fetcher, encoder, status, spec.skip_errors)
+        status.idle()
         try:
-            results.send(_run(message, fetcher, encoder))
+            results.send(reply)
         except (BrokenPipeError, OSError):
             return
 
 
-def _run(task: Task, fetcher: MapFetcher | IterableFetcher, encoder: Encoder) -> Any:
+def _run(
+    task: Task,
+    fetcher: MapFetcher | IterableFetcher,
+    encoder: Encoder,
+    status: StatusWriter,
+    skip_errors: bool,
+) -> Any:
     stage = Stage.FETCH
     batch: Any = None
+    skipped: list[SampleFailed] = []
+    indices = None if isinstance(fetcher, IterableFetcher) else _as_list(task.index)
     try:
         try:
-            data = fetcher.fetch(task.index)
+            if isinstance(fetcher, MapFetcher) and (task.trace or task.exclude or skip_errors):
+                data, indices, failed = _fetch_each(fetcher, task, status, skip_errors)
+                skipped = [SampleFailed(i, Stage.FETCH, capture(e)) for i, e in failed]
+                if data is None:
+                    return BatchDone(task.epoch, task.seq, None, tuple(skipped))
+            else:
+                data = fetcher.fetch(task.index)
         except StopIteration:
             if isinstance(fetcher, IterableFetcher):
                 return IterationEnded(task.epoch, task.seq)
             raise
         stage = Stage.COLLATE
-        indices = None if isinstance(fetcher, IterableFetcher) else _as_list(task.index)
+        status.stage(stage)
         with encoder.collating():
             batch = _collate(fetcher.collate_fn, data, indices)
         stage = Stage.TRANSFER
-        return BatchDone(task.epoch, task.seq, encoder.encode(batch))
+        status.stage(stage)
+        return BatchDone(task.epoch, task.seq, encoder.encode(batch), tuple(skipped))
     except Exception as exc:
         if stage is Stage.TRANSFER:
             exc = _explain_unsendable(batch, exc, task.index)
+        if skip_errors and indices:
+            # The whole batch goes: record each of its samples with the error.
+            error = capture(exc)
+            skipped += [SampleFailed(i, stage, error) for i in indices]
+            return BatchDone(task.epoch, task.seq, None, tuple(skipped))
         return TaskFailed(task.epoch, task.seq, stage, capture(exc))
+
+
+def _fetch_each(
+    fetcher: MapFetcher, task: Task, status: StatusWriter, tolerate: bool
+) -> tuple[Any, list[Any], list[tuple[Any, Exception]]]:
+    """Fetch one sample at a time; ``data`` is None when none is left."""
+    index = _as_list(task.index)
+    samples, kept, failed = fetcher.fetch_each(
+        index,
+        exclude=task.exclude,
+        tolerate=tolerate,
+        on_position=status.position if task.trace else None,
+    )
+    if not samples:
+        return None, kept, failed
+    return (samples if fetcher.auto_collation else samples[0]), kept, failed
 
 
 def _as_list(index: Any) -> list[Any]:

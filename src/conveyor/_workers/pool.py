@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class Worker:
     tasks: Connection
     results: Connection
     arena: MainArena
+    stacks: int  # read end of the pipe the worker's faulthandler writes stacks to
     decoder: Decoder = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
     ready: bool = False
@@ -71,17 +73,59 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self._closed = False
         self._owner_pid = os.getpid()
+        self._context = context
+        self._user = user
+        self._specs = list(specs)
         method = context.get_start_method()
-        setup = None if method == "fork" else _serialize_once(user, method)
+        # Kept until close: a replacement worker reads the same serialized copy.
+        self._setup = None if method == "fork" else _serialize_once(user, method)
         try:
             for spec in specs:
-                self.workers.append(_start_worker(context, spec, user, setup))
+                self.workers.append(_start_worker(context, spec, user, self._setup))
         except BaseException:
             self.close()
             raise
-        finally:
-            if setup is not None:
-                os.close(setup)
+
+    def replace(self, worker_id: int) -> Worker:
+        """Start a new worker in place of a dead one (same id, same seed)."""
+        old = self.workers[worker_id]
+        old.process.join(timeout=TERMINATE_GRACE_S)
+        if old.process.exitcode is None:
+            old.process.kill()
+            old.process.join()
+        _release(old)
+        new = _start_worker(self._context, self._specs[worker_id], self._user, self._setup)
+        self.workers[worker_id] = new
+        return new
+
+    def kill(self, worker: Worker) -> None:
+        """Kill a stuck worker; its sentinel then reports it like any death."""
+        if worker.process.exitcode is None:
+            worker.process.kill()
+
+    def dump_stacks(self, worker: Worker, timeout: float = 2.0) -> str:
+        """The worker's current Python stacks (all threads), or "" if it can't say."""
+        pid = worker.pid
+        if pid is None or worker.process.exitcode is not None:
+            return ""
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        chunks: list[bytes] = []
+        # faulthandler writes the whole dump at once; wait for it, then for quiet.
+        deadline = time.monotonic() + timeout
+        while wait(
+            [worker.stacks], timeout=max(0.0, deadline - time.monotonic()) if not chunks else 0.1
+        ):
+            try:
+                chunk = os.read(worker.stacks, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
 
     def close(self) -> None:
         """Stop every worker and free their resources; safe to call twice."""
@@ -97,10 +141,21 @@ class WorkerPool:
                 worker.tasks.send(Stop())
         _escalate([w.process for w in self.workers])
         for worker in self.workers:
-            for conn in (worker.tasks, worker.results):
-                conn.close()
-            worker.arena.close()
-            worker.process.close()
+            _release(worker)
+        if self._setup is not None:
+            os.close(self._setup)
+            self._setup = None
+
+
+def _release(worker: Worker) -> None:
+    """Close the main process's ends of a worker that has exited."""
+    for conn in (worker.tasks, worker.results):
+        conn.close()
+    worker.arena.close()
+    if worker.stacks >= 0:
+        os.close(worker.stacks)
+        worker.stacks = -1
+    worker.process.close()
 
 
 def _serialize_once(user: UserObjects, start_method: str) -> int:
@@ -135,11 +190,20 @@ def _start_worker(
     task_reader, task_writer = context.Pipe(duplex=False)
     result_reader, result_writer = context.Pipe(duplex=False)
     arena_fd = create_arena_fd(spec.worker_id)
+    stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    os.set_blocking(stack_writer, True)
     payload: UserObjects | InheritedFd
     payload = user if setup_fd is None else InheritedFd(os.dup(setup_fd))
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
-        args=(spec, payload, task_reader, result_writer, InheritedFd(arena_fd)),
+        args=(
+            spec,
+            payload,
+            task_reader,
+            result_writer,
+            InheritedFd(arena_fd),
+            InheritedFd(stack_writer),
+        ),
         name=f"conveyor-worker-{spec.worker_id}",
         daemon=True,
     )
@@ -149,9 +213,12 @@ def _start_worker(
         # The child has its own copies now; ours would keep EOF from coming.
         task_reader.close()
         result_writer.close()
+        os.close(stack_writer)
         if isinstance(payload, InheritedFd):
             payload.close()
-    return Worker(spec.worker_id, process, task_writer, result_reader, MainArena(arena_fd))
+    return Worker(
+        spec.worker_id, process, task_writer, result_reader, MainArena(arena_fd), stack_reader
+    )
 
 
 def _escalate(processes: list[BaseProcess]) -> None:

@@ -47,6 +47,8 @@ class Task:
     seq: int
     index: Any
     released: tuple[int, ...] = ()
+    trace: bool = False  # a retry after a crash: record which sample is being fetched
+    exclude: tuple[Any, ...] = ()  # dataset indices to leave out (samples that kill workers)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class Ready:
 class BatchDone:
     epoch: int
     seq: int
-    payload: Any  # a transport payload; see conveyor._transport.codec
+    payload: Any  # a transport payload (conveyor._transport.codec); None: nothing left
+    skipped: tuple[SampleFailed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,15 @@ class RemoteError:
     state: bytes | None
     message: str
     traceback: str
+
+
+@dataclass(frozen=True)
+class SampleFailed:
+    """One sample left out of a batch under ``on_error="skip"``."""
+
+    index: Any
+    stage: Stage
+    error: RemoteError
 
 
 @dataclass(frozen=True)

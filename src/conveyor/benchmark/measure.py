@@ -8,7 +8,9 @@ processes were still alive a while after the loader was dropped.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -16,6 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
+
+try:
+    import resource
+except ImportError:  # not on Unix
+    resource = None  # type: ignore[assignment]
 
 from conveyor.benchmark.workloads import MapDataset, hand_collate
 
@@ -37,6 +44,7 @@ class Measurement:
     main_cpu_s: float
     peak_rss_bytes: int | None
     leaked_processes: int
+    main_page_faults: int | None = None  # minor faults of the main process in the window
 
     @property
     def samples_per_s(self) -> float:
@@ -45,6 +53,12 @@ class Measurement:
     @property
     def main_cpu_ms_per_batch(self) -> float:
         return 1000.0 * self.main_cpu_s / self.batches if self.batches else 0.0
+
+    @property
+    def main_faults_per_batch(self) -> float | None:
+        if self.main_page_faults is None or not self.batches:
+            return None
+        return self.main_page_faults / self.batches
 
 
 def first_column(batch: Any) -> Any:
@@ -129,16 +143,19 @@ class WindowSpec:
     seconds: float
 
 
-@dataclass(frozen=True)
-class _Window:
-    batches: int
-    samples: int
-    seconds: float
-    main_cpu_s: float
-    peak_rss_bytes: int
+def _minor_faults() -> int | None:
+    """The main process's minor page faults so far (None where ``resource`` is missing)."""
+    if resource is None:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> _Window:
+def _delta(before: int | None) -> int | None:
+    after = _minor_faults()
+    return None if before is None or after is None else after - before
+
+
+def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
     it = iter(make_loader())
     for _ in range(window.warmup):
@@ -146,7 +163,7 @@ def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> _Window:
     peak = _tree_rss()
     next_sample = 1
     samples = batches = 0
-    cpu0 = time.process_time()
+    faults0, cpu0 = _minor_faults(), time.process_time()
     t0 = now = time.perf_counter()
     while batches < window.max_batches and (
         batches < window.min_batches or now - t0 < window.seconds
@@ -158,40 +175,49 @@ def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> _Window:
             next_sample += 1
             peak = max(peak, _tree_rss())
     seconds = now - t0
-    return _Window(batches, samples, seconds, time.process_time() - cpu0, peak)
+    cpu, faults = time.process_time() - cpu0, _delta(faults0)
+    return Measurement(batches, samples, seconds, cpu, peak, 0, faults)
 
 
-def _time_first_batch(make_loader: LoaderFactory) -> _Window:
-    cpu0, t0 = time.process_time(), time.perf_counter()
+def _time_first_batch(make_loader: LoaderFactory) -> Measurement:
+    faults0, cpu0, t0 = _minor_faults(), time.process_time(), time.perf_counter()
     it = iter(make_loader())
     samples = touch(next(it))
     seconds = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
-    return _Window(1, samples, seconds, cpu, _tree_rss())
-
-
-def _finish(window: _Window, before: set[int]) -> Measurement:
-    leaked = _count_leftovers(before)
-    return Measurement(
-        window.batches,
-        window.samples,
-        window.seconds,
-        window.main_cpu_s,
-        window.peak_rss_bytes,
-        leaked,
-    )
+    cpu, faults = time.process_time() - cpu0, _delta(faults0)
+    return Measurement(1, samples, seconds, cpu, _tree_rss(), 0, faults)
 
 
 def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     """Time a window of batches after warm-up; the loader is built and dropped in here."""
     before = _children()
-    return _finish(_time_window(make_loader, window), before)
+    result = _time_window(make_loader, window)
+    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 
 def measure_startup(make_loader: LoaderFactory) -> Measurement:
     """Time from building the loader to holding its first batch; then drop the loader."""
     before = _children()
-    return _finish(_time_first_batch(make_loader), before)
+    result = _time_first_batch(make_loader)
+    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
+
+
+def parallel_speedup(work: Callable[[], None], processes: int) -> float:
+    """How much more work ``processes`` parallel copies of ``work`` get done than one run.
+
+    The machine's own ceiling for spreading pure-Python work over processes (``work`` must
+    pickle when the default start method is not fork).
+    """
+    start = time.perf_counter()
+    work()
+    single = time.perf_counter() - start
+    copies = [multiprocessing.Process(target=work) for _ in range(processes)]
+    start = time.perf_counter()
+    for proc in copies:
+        proc.start()
+    for proc in copies:
+        proc.join()
+    return processes * single / (time.perf_counter() - start)
 
 
 def cpu_count_line() -> str:

@@ -20,6 +20,7 @@ DETAILS_HEADER = (
     "median",
     "min - max",
     "main CPU ms/batch",
+    "main faults/batch",
     "peak RSS MB",
     "runs",
 )
@@ -74,6 +75,7 @@ def details_table(report: BenchReport) -> str:
             values = [m.seconds if row.kind == "startup" else m.samples_per_s for m in runs]
             rss = [m.peak_rss_bytes for m in runs if m.peak_rss_bytes is not None]
             cpu = statistics.median(m.main_cpu_ms_per_batch for m in runs)
+            faults = [f for m in runs if (f := m.main_faults_per_batch) is not None]
             body.append(
                 (
                     row.workload,
@@ -82,6 +84,7 @@ def details_table(report: BenchReport) -> str:
                     _value(row, row.median(loader)),
                     f"{_value(row, min(values))} - {_value(row, max(values))}",
                     f"{cpu:.2f}",
+                    f"{statistics.median(faults):,.0f}" if faults else DASH,
                     f"{max(rss) / 2**20:,.0f}" if rss else DASH,
                     str(len(runs)),
                 )
@@ -107,6 +110,7 @@ def render(report: BenchReport) -> str:
             "## Details",
             details_table(report),
             "main CPU: the main process's CPU time per timed batch (all its threads). "
+            "main faults: its minor page faults per batch (fresh memory being touched). "
             "peak RSS: the largest sum of RSS over the main process and its children among a "
             "few samples; pages shared between processes count once per process.",
         ]
@@ -125,6 +129,7 @@ def to_json(report: BenchReport) -> dict[str, Any]:
                         **dataclasses.asdict(m),
                         "samples_per_s": m.samples_per_s,
                         "main_cpu_ms_per_batch": m.main_cpu_ms_per_batch,
+                        "main_faults_per_batch": m.main_faults_per_batch,
                     }
                     for m in runs
                 ],

@@ -7,6 +7,7 @@ recorded on its row and the benchmark goes on.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import multiprocessing
@@ -28,8 +29,15 @@ from conveyor.benchmark.measure import (
     cpu_count_line,
     measure_startup,
     measure_throughput,
+    parallel_speedup,
 )
-from conveyor.benchmark.workloads import WORKLOADS, MapDataset, WorkloadSpec
+from conveyor.benchmark.workloads import (
+    WORKLOADS,
+    CpuDataset,
+    MapDataset,
+    WorkloadSpec,
+    spin_many,
+)
 
 LOADERS = ("conveyor", "torch")
 PLAIN = "plain"
@@ -218,12 +226,17 @@ def _run_row(
             progress(f"  {row.workload} | {row.config} | {name} #{attempt + 1}: {value}")
 
 
-def _annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
+def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> None:
     plain = next((r for r in rows if r.kind == "baseline"), None)
     base = plain.median(PLAIN) if plain else None
     for row in rows:
         if row.kind == "baseline" and base:
             row.notes.append(f"{base:,.0f} samples/s; no loader: index + collate by hand (NumPy)")
+            if scaling:
+                row.notes.append(
+                    f"machine check: {spec.num_workers} bare processes of this work ran "
+                    f"{scaling:.2f}x one (the most {spec.num_workers} workers can reach here)"
+                )
         elif row.kind == "startup":
             row.notes.append("time to first batch, lower is better; ratio = torch / conveyor")
         elif base and row.kind == "throughput":
@@ -289,7 +302,13 @@ def _run_workload(
             plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size)}
             _run_row(row, plain, throughput, options.repeat, progress)
             rows.append(row)
-    _annotate(spec, rows)
+    scaling = None
+    if isinstance(dataset, CpuDataset):
+        count = 20 if options.quick else 500  # ~0.5 s of work per process
+        probe = functools.partial(spin_many, dataset.iterations, count)
+        scaling = parallel_speedup(probe, spec.num_workers)
+        progress(f"  {spec.name} | machine check | {spec.num_workers} processes: {scaling:.2f}x")
+    _annotate(spec, rows, scaling)
     return rows
 
 

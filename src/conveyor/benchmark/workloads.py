@@ -75,6 +75,12 @@ def spin(iterations: int) -> int:
     return acc
 
 
+def spin_many(iterations: int, count: int) -> None:
+    """``count`` rounds of ``spin(iterations)``: the cpu workload's work, without a loader."""
+    for _ in range(count):
+        spin(iterations)
+
+
 def calibrate_spin(target_s: float = 0.001, trials: int = 7) -> int:
     """How many ``spin`` iterations take ``target_s`` on this machine (best of ``trials``)."""
     probe = 20_000

@@ -1,0 +1,71 @@
+"""What a worker is doing right now, readable by the main process at any time.
+
+The first page of each worker's memfd holds a few int64 fields the worker
+updates as it goes: which task, which stage, and (on a traced retry) which
+sample of the batch. When a worker dies or stalls, the main process reads them
+to say exactly where, without asking the worker anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+from .protocol import Stage
+
+STATUS_BYTES = 64
+
+
+class _Field(IntEnum):
+    EPOCH = 0
+    SEQ = 1
+    STAGE = 2
+    POSITION = 3  # index of the sample within the batch, -1 when not traced
+    STARTED_NS = 4  # CLOCK_MONOTONIC (system-wide on Linux) when the task began
+
+
+_STAGE_CODES: dict[Stage, int] = {stage: i + 1 for i, stage in enumerate(Stage)}
+_CODE_STAGES: dict[int, Stage] = {code: stage for stage, code in _STAGE_CODES.items()}
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    epoch: int
+    seq: int
+    stage: Stage | None  # None: between tasks
+    position: int
+    age_s: float
+
+
+class StatusWriter:
+    """The worker's side."""
+
+    def __init__(self, page: memoryview) -> None:
+        self._fields = page[:STATUS_BYTES].cast("q")
+        self.idle()
+
+    def begin(self, epoch: int, seq: int) -> None:
+        f = self._fields
+        f[_Field.EPOCH] = epoch
+        f[_Field.SEQ] = seq
+        f[_Field.POSITION] = -1
+        f[_Field.STARTED_NS] = time.monotonic_ns()
+        f[_Field.STAGE] = _STAGE_CODES[Stage.FETCH]
+
+    def stage(self, stage: Stage) -> None:
+        self._fields[_Field.STAGE] = _STAGE_CODES[stage]
+
+    def position(self, position: int) -> None:
+        self._fields[_Field.POSITION] = position
+
+    def idle(self) -> None:
+        self._fields[_Field.STAGE] = 0
+
+
+def read_status(page: memoryview) -> WorkerStatus:
+    """The main process's side: a snapshot of the worker's fields."""
+    f = page[:STATUS_BYTES].cast("q")
+    stage = _CODE_STAGES.get(f[_Field.STAGE])
+    age = (time.monotonic_ns() - f[_Field.STARTED_NS]) / 1e9 if stage is not None else 0.0
+    return WorkerStatus(f[_Field.EPOCH], f[_Field.SEQ], stage, f[_Field.POSITION], age)
