@@ -15,6 +15,7 @@ import faulthandler
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,12 +33,16 @@ pytestmark = pytest.mark.timeout(90)
 
 
 class DiesAt:
-    """Sample ``i`` is the worker's pid; ``dataset[bad]`` kills the worker ``how``."""
+    """Sample ``i`` is the worker's pid; ``dataset[bad]`` kills the worker ``how``.
 
-    def __init__(self, how: str, bad: int, length: int = 8) -> None:
+    ``how="sleep"`` hangs for 30 s instead, after creating the file ``marker``.
+    """
+
+    def __init__(self, how: str, bad: int, length: int = 8, marker: str = "") -> None:
         self.how = how
         self.bad = bad
         self.length = length
+        self.marker = marker
 
     def __len__(self) -> int:
         return self.length
@@ -52,6 +57,8 @@ class DiesAt:
             elif self.how == "exit3":
                 os._exit(3)
             elif self.how == "sleep":
+                if self.marker:
+                    open(self.marker, "w").close()
                 time.sleep(30)
         return os.getpid()
 
@@ -111,11 +118,8 @@ def test_dead_worker_without_restarts_raises_crash_error_naming_it(
     assert "max_worker_restarts=0" in message
 
 
-@CRASHES
-def test_sample_that_kills_its_worker_twice_is_named(
-    start_method: str, how: str, exitcode: int, words: str
-) -> None:
-    loader = _loader(DiesAt(how, bad=3), start_method, prefetch_factor=1)
+def test_sample_that_kills_its_worker_twice_is_named(start_method: str) -> None:
+    loader = _loader(DiesAt("SIGKILL", bad=3), start_method, prefetch_factor=1)
     it = iter(loader)
     first_pid = next(it)[0].item()
 
@@ -129,10 +133,10 @@ def test_sample_that_kills_its_worker_twice_is_named(
     assert f"worker 0 (pid {first_pid}) exited unexpectedly" in str(record[0].message)
     exc = info.value
     assert exc.pid != first_pid  # the replacement died too
-    assert (exc.worker_id, exc.exitcode, exc.indices) == (0, exitcode, (2, 3))
+    assert (exc.worker_id, exc.exitcode, exc.indices) == (0, -9, (2, 3))
     message = str(exc)
     assert f"DataLoader worker 0 (pid {exc.pid}) exited unexpectedly" in message
-    assert words in message
+    assert "killed by signal SIGKILL (-9)" in message
     assert "Dataset index 3 killed its worker twice" in message
 
 
@@ -169,11 +173,22 @@ def test_batch_finished_before_a_fatal_crash_is_still_delivered(start_method: st
     assert info.value.indices == (2, 3)
 
 
-def test_stuck_worker_times_out_naming_worker_indices_and_stack(start_method: str) -> None:
+def _wait_for_file(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_stuck_worker_times_out_naming_worker_indices_and_stack(
+    start_method: str, tmp_path: Path
+) -> None:
     before = leaks.LeakSnapshot.take()
-    loader = _loader(DiesAt("sleep", bad=1), start_method, timeout=1)
+    marker = tmp_path / "sleeping"
+    loader = _loader(DiesAt("sleep", bad=1, marker=str(marker)), start_method, timeout=1)
     it = iter(loader)
     (worker,) = leaks.new_processes(before)
+    _wait_for_file(marker)  # the worker is in dataset[1] (a spawn worker takes a while)
     started = time.monotonic()
 
     with pytest.raises(WorkerTimeoutError) as info:
@@ -191,6 +206,25 @@ def test_stuck_worker_times_out_naming_worker_indices_and_stack(start_method: st
     assert "dataset indices [0, 1]" in message
     assert "The worker's current Python stack" in message
     assert "in __getitem__" in message  # where it sleeps
+
+
+def init_sleeps(worker_id: int) -> None:
+    time.sleep(30)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a timeout while the worker is still starting (here in worker_init_fn) is "
+    "reported as batch 0's sample being stuck ('find what blocks that sample'); the "
+    "worker's status page knows it is in worker_init",
+)
+def test_timeout_during_worker_init_says_so() -> None:
+    loader = _loader(DiesAt("none", bad=-1), "fork", timeout=1, worker_init_fn=init_sleeps)
+
+    with pytest.raises(WorkerTimeoutError) as info:
+        next(iter(loader))
+
+    assert "worker_init" in str(info.value)
 
 
 @pytest.mark.xfail(

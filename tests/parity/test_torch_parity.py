@@ -632,7 +632,7 @@ def worker_cases() -> list[Any]:
 
 
 def start_method_cases() -> list[Any]:
-    """spawn and forkserver workers import torch (~1 s each), so only a few."""
+    """spawn and forkserver workers import torch (1-3 s each), so only a few, small."""
     return [
         case(
             "spawn-random-shuffle-w2",
@@ -646,16 +646,16 @@ def start_method_cases() -> list[Any]:
             conveyor_dataset=sharded(11, info_from="conveyor"),
         ),
         case(
-            "forkserver-nested-w2",
+            "forkserver-nested-w1",
             mapped(6, "nested"),
-            dict(batch_size=4, num_workers=2, multiprocessing_context="forkserver"),
+            dict(batch_size=4, num_workers=1, multiprocessing_context="forkserver"),
         ),
         case(
-            "forkserver-context-object-sharded-w2",
+            "forkserver-context-object-random-w1",
             sharded(9, random_values=True),
             lambda side: dict(
                 batch_size=None,
-                num_workers=2,
+                num_workers=1,
                 multiprocessing_context=multiprocessing.get_context("forkserver"),
             ),
         ),

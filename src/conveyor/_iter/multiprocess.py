@@ -113,6 +113,7 @@ class MultiprocessIterator:
         self._skipped: list[SkippedSample] = loader._skipped_log
         self._batch_time = 0.0  # moving average of a task's time in a worker
         self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
+        self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
         base_seed = draw_base_seed(loader.generator)
         self._epoch = -1
         self._sampler_iter: Iterator[Any] = iter(())
@@ -494,6 +495,7 @@ class MultiprocessIterator:
             ]
         )
         summary = self._death_summary(worker, status, held, culprit)
+        self._killed_stuck.pop(worker.worker_id, None)
         replacement = self._pool.replace(worker.worker_id)
         resent = 0
         for seq in held:
@@ -514,6 +516,10 @@ class MultiprocessIterator:
             WorkerRestartedWarning,
             stacklevel=5,
         )
+
+    def _exit_reason(self, worker: Worker) -> str:
+        stuck = self._killed_stuck.get(worker.worker_id)
+        return stuck if stuck is not None else describe_exit(worker.process.exitcode)
 
     def _culprit(self, status: WorkerStatus, held: list[int]) -> int | None:
         """The task the worker was running when it died."""
@@ -553,7 +559,7 @@ class MultiprocessIterator:
                     "retry), outside fetching samples; pass on_error='skip' to leave it out."
                 ),
             )
-        why = f"killed its worker twice: {describe_exit(worker.process.exitcode)}"
+        why = f"killed its worker twice: {self._exit_reason(worker)}"
         lost = (
             (poison,) if poison is not None else tuple(i for i in indices if i not in task.exclude)
         )
@@ -611,6 +617,10 @@ class MultiprocessIterator:
         worker = self._workers[task.worker_id]
         stacks = self._pool.dump_stacks(worker)
         if self._policy.on_timeout == "restart":
+            self._killed_stuck[worker.worker_id] = (
+                f"stuck for {time.monotonic() - task.sent_at:.1f} s, past timeout={self._timeout}, "
+                "so conveyor killed it" + (f"; its Python stack then:\n{stacks}" if stacks else "")
+            )
             self._pool.kill(worker)
             worker.process.join()
             self._recover(worker)
@@ -667,7 +677,7 @@ class MultiprocessIterator:
     def _death_summary(
         self, worker: Worker, status: WorkerStatus, held: list[int], culprit: int | None
     ) -> str:
-        exit_text = describe_exit(worker.process.exitcode)
+        exit_text = self._exit_reason(worker)
         where = ""
         if status.stage is not None:
             where = f" during {status.stage.value}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -65,4 +66,4 @@ class SupervisionPolicy:
             return self.max_errors
         if epoch_samples is None:
             return None
-        return int(self.max_errors * epoch_samples)
+        return math.ceil(self.max_errors * epoch_samples)
