@@ -20,6 +20,7 @@ from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.policy import SupervisionPolicy
 from .dataset import is_iterable_dataset
+from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
@@ -28,6 +29,10 @@ __all__ = ["DataLoader"]
 _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
+
+
+class PrefetchFactorError(ConfigError, AssertionError):
+    """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
 
 
 class DataLoader:
@@ -223,6 +228,11 @@ class DataLoader:
         iterator: InlineIterator | MultiprocessIterator
         if self.num_workers == 0:
             iterator = InlineIterator(self)
+        elif self.prefetch_factor == 0:
+            raise PrefetchFactorError(
+                "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
+                "use prefetch_factor >= 1 (2 is the default)"
+            )
         elif not self.persistent_workers:
             self.check_worker_number_rationality()
             iterator = MultiprocessIterator(self)

@@ -511,13 +511,6 @@ def sampler_cases() -> list[Any]:
                 "eager-batch-sampler-w2",
                 randoms(),
                 lambda side: dict(batch_sampler=ds.EagerShuffleBatchSampler(12, 5), num_workers=2),
-                marks=pytest.mark.xfail(
-                    strict=True,
-                    reason="BUG: torch's worker iterator calls iter(index_sampler) before drawing "
-                    "the base seed and again in _reset; conveyor (_iter/multiprocess.py "
-                    "MultiprocessIterator.__init__) draws the base seed first, calls iter once, "
-                    "so a sampler drawing in __iter__ gets other indices and workers other seeds",
-                ),
             ),
             case(
                 "batch-sampler-lists-w2",
@@ -810,12 +803,6 @@ def test_pin_memory_without_accelerator_warns_like_torch() -> None:
     assert_batches_equal(results[1], results[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with in_order=False conveyor dispatches strictly round-robin "
-    "(_iter/multiprocess.py MultiprocessIterator._dispatch); torch gives the next task "
-    "to the next worker with spare capacity, so work flows around a slow worker",
-)
 def test_unordered_dispatch_routes_around_a_slow_worker() -> None:
     """Sample 0 stalls worker 0: torch sends every later task to worker 1."""
     expected = {(0, 0), (2, 0)} | {(i, 1) for i in (1, 3, 4, 5, 6, 7, 8, 9)}
@@ -825,11 +812,6 @@ def test_unordered_dispatch_routes_around_a_slow_worker() -> None:
         assert got == expected, f"{cls.__module__}: (index, worker) {sorted(got)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _transport/codec.py _reduce_tensor calls .numpy() on a tensor whose "
-    "conjugate bit is set, which raises; the batch is reported as unpicklable",
-)
 def test_conjugate_view_arrives_with_its_values() -> None:
     """torch in-process gives the conjugated values (torch's workers drop the bit)."""
     kwargs = dict(batch_size=2, collate_fn=ds.collate_conj)
@@ -838,11 +820,6 @@ def test_conjugate_view_arrives_with_its_values() -> None:
     assert_batches_equal([t.resolve_conj() for t in got], expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _transport/codec.py _reduce_tensor makes every tensor contiguous and "
-    "ships each separately: views from collate_fn lose their strides and their sharing",
-)
 def test_views_from_collate_fn_keep_layout_like_torch() -> None:
     kwargs = dict(batch_size=2, num_workers=1, collate_fn=ds.collate_views)
     (expected,) = list(TorchDataLoader(ds.MapDataset(2), **kwargs))
@@ -853,12 +830,6 @@ def test_views_from_collate_fn_keep_layout_like_torch() -> None:
     assert row[0] == -1.0, "the two tensors no longer share storage"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: prefetch_factor=0 with workers: torch raises AssertionError when iteration "
-    "starts; conveyor (loader.py accepts it, _iter/multiprocess.py dispatches "
-    "prefetch_factor * num_workers = 0 tasks) silently yields an empty epoch",
-)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_prefetch_factor_zero_fails_like_torch() -> None:
     kwargs = dict(batch_size=3, num_workers=2, prefetch_factor=0)

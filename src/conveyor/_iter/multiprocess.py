@@ -77,6 +77,7 @@ class _Outstanding:
     crashes: int = 0
     exclude: tuple[Any, ...] = ()
     stall_reported: bool = False
+    timed: bool = True  # its worker was up when it was sent: its duration is typical
 
 
 @dataclass
@@ -114,9 +115,12 @@ class MultiprocessIterator:
         self._batch_time = 0.0  # moving average of a task's time in a worker
         self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
         self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
+        # torch iterates the index sampler once, draws the base seed, then
+        # iterates it again per epoch: samplers that draw eagerly in __iter__
+        # consume the RNG in that order, so do the same.
+        self._sampler_iter: Iterator[Any] = iter(self._index_sampler)
         base_seed = draw_base_seed(loader.generator)
         self._epoch = -1
-        self._sampler_iter: Iterator[Any] = iter(())
         specs = [
             WorkerSpec(
                 worker_id=i,
@@ -215,6 +219,7 @@ class MultiprocessIterator:
         self._outstanding: dict[int, _Outstanding] = {}
         self._results: dict[int, _Done] = {}  # done, not yet handed out
         self._active = [True] * self._num_workers
+        self._tasks_per_worker = [0] * self._num_workers  # sent, not yet handed out
         self._cycle = itertools.cycle(range(self._num_workers))
         self._sampler_done = False
         self._epoch_skipped_from = len(self._skipped)
@@ -231,9 +236,13 @@ class MultiprocessIterator:
     def _dispatch(self) -> None:
         if self._sampler_done:
             return
+        capacity = self._prefetch * self._num_workers // max(1, sum(self._active))
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
-            if self._active[worker_id]:
+            if self._active[worker_id] and (
+                # Out of order, route around a slow worker as torch does.
+                self._in_order or self._tasks_per_worker[worker_id] < capacity
+            ):
                 break
         else:
             return
@@ -247,7 +256,10 @@ class MultiprocessIterator:
         self._next_seq += 1
         exclude = self._known_poison(index)
         worker.send(Task(self._epoch, seq, index, worker.take_releases(), exclude=exclude))
-        self._outstanding[seq] = _Outstanding(worker_id, index, time.monotonic(), exclude=exclude)
+        self._outstanding[seq] = _Outstanding(
+            worker_id, index, time.monotonic(), exclude=exclude, timed=worker.ready
+        )
+        self._tasks_per_worker[worker_id] += 1
 
     def _known_poison(self, index: Any) -> tuple[Any, ...]:
         """Samples that killed workers earlier: left out again, without a crash."""
@@ -271,6 +283,7 @@ class MultiprocessIterator:
                 continue
             task = self._outstanding.pop(seq)
             done = self._results.pop(seq)
+            self._tasks_per_worker[task.worker_id] -= 1
             message = done.message
             if isinstance(message, IterationEnded):
                 self._active[task.worker_id] = False
@@ -292,16 +305,18 @@ class MultiprocessIterator:
         return None
 
     def _receive(self) -> None:
-        """Block until a worker sends something or dies; file what came."""
-        deadline = None if not self._timeout else time.monotonic() + self._timeout
+        """Block until a worker sends something or dies; file what came.
+
+        Wakes early only for a deadline: a task running past ``timeout`` or past
+        the stall threshold, measured from the worker's status page (time the
+        task has actually been running, not queued or waiting for start-up).
+        """
         while True:
             by_conn = {w.results: w for w in self._workers}
             by_sentinel = {w.process.sentinel: w for w in self._workers}
-            wake = self._next_wake(deadline)
-            ready = wait([*by_conn, *by_sentinel], timeout=wake)
+            ready = wait([*by_conn, *by_sentinel], timeout=self._next_wake())
             if not ready:
-                if deadline is not None and time.monotonic() >= deadline:
-                    self._on_timeout()
+                if self._check_timeout():
                     return
                 self._report_stalls()
                 continue
@@ -313,16 +328,19 @@ class MultiprocessIterator:
                     self._recover(by_sentinel[obj])
             return
 
-    def _next_wake(self, deadline: float | None) -> float | None:
-        """Seconds until the timeout or the next stall check, None if neither."""
-        now = time.monotonic()
-        wakes = [] if deadline is None else [deadline - now]
-        threshold = self._stall_threshold()
-        if threshold is not None:
-            for task in self._outstanding.values():
-                if not task.stall_reported:
-                    wakes.append(task.sent_at + threshold - now)
-        return max(0.0, min(wakes)) if wakes else None
+    def _running(self) -> list[tuple[Worker, WorkerStatus]]:
+        statuses = [(w, read_status(w.arena.status_page)) for w in self._workers]
+        return [(w, s) for w, s in statuses if s.stage is not None]
+
+    def _next_wake(self) -> float | None:
+        """Seconds until a running task reaches the timeout or stall threshold."""
+        limits = [x for x in (self._timeout or None, self._stall_threshold()) if x]
+        if not limits:
+            return None
+        wakes = [min(limits)]  # re-check at least this often while tasks queue
+        for _, status in self._running():
+            wakes += [limit - status.age_s for limit in limits]
+        return max(0.0, min(wakes))
 
     def _stall_threshold(self) -> float | None:
         if self._policy.stall_warning is None:
@@ -589,18 +607,17 @@ class MultiprocessIterator:
         threshold = self._stall_threshold()
         if threshold is None:
             return
-        now = time.monotonic()
-        for seq, task in sorted(self._outstanding.items()):
-            if task.stall_reported or seq in self._results or now - task.sent_at < threshold:
+        for worker, status in self._running():
+            task = self._outstanding.get(status.seq)
+            if status.age_s < threshold or status.epoch != self._epoch or task is None:
                 continue
-            worker = self._workers[task.worker_id]
-            status = read_status(worker.arena.status_page)
-            if status.seq != seq or status.stage is None:
-                continue  # queued behind another task, not running: not stalled itself
+            if task.stall_reported or task.worker_id != worker.worker_id:
+                continue
             task.stall_reported = True
+            assert status.stage is not None
             warnings.warn(
                 f"DataLoader worker {worker.worker_id} (pid {worker.pid}) has spent "
-                f"{status.age_s:.0f} s on batch {seq} (dataset indices "
+                f"{status.age_s:.0f} s on batch {status.seq} (dataset indices "
                 f"{_short(_indices(task.index, self._iterable))}), in stage "
                 f"{status.stage.value}; batches usually take {self._batch_time:.2g} s. "
                 "It may be stuck (a dead network mount, a lock, an endless loop). Its "
@@ -609,31 +626,35 @@ class MultiprocessIterator:
                 stacklevel=5,
             )
 
-    def _on_timeout(self) -> None:
-        running = [
-            (seq, t) for seq, t in sorted(self._outstanding.items()) if seq not in self._results
-        ]
-        seq, task = running[0]
-        worker = self._workers[task.worker_id]
+    def _check_timeout(self) -> bool:
+        """Handle a worker busy past ``timeout``; True if one was found."""
+        if not self._timeout:
+            return False
+        stuck = [(w, s) for w, s in self._running() if s.age_s >= self._timeout]
+        if not stuck:
+            return False
+        worker, status = max(stuck, key=lambda ws: ws[1].age_s)
+        assert status.stage is not None
+        task = self._outstanding.get(status.seq) if status.epoch == self._epoch else None
+        indices = _indices(task.index, self._iterable) if task is not None else ()
+        doing = f"batch {status.seq} (dataset indices {_short(indices)})" if task else "start-up"
         stacks = self._pool.dump_stacks(worker)
         if self._policy.on_timeout == "restart":
             self._killed_stuck[worker.worker_id] = (
-                f"stuck for {time.monotonic() - task.sent_at:.1f} s, past timeout={self._timeout}, "
-                "so conveyor killed it" + (f"; its Python stack then:\n{stacks}" if stacks else "")
+                f"stuck for {status.age_s:.1f} s in {status.stage.value}, past "
+                f"timeout={self._timeout}, so conveyor killed it"
+                + (f"; its Python stack then:\n{stacks}" if stacks else "")
             )
             self._pool.kill(worker)
             worker.process.join()
             self._recover(worker)
-            return
-        age = time.monotonic() - task.sent_at
+            return True
         raise WorkerTimeoutError(
-            f"DataLoader timed out after {self._timeout} seconds: no batch arrived. The "
-            f"oldest task, batch {seq} (dataset indices "
-            f"{_short(_indices(task.index, self._iterable))}), was sent to worker "
-            f"{worker.worker_id} (pid {worker.pid}) {age:.1f} s ago. Fix: find what blocks "
-            "that sample (a slow disk or network read, a lock), raise timeout, or pass "
-            "on_timeout='restart' to kill the stuck worker and retry."
-            + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else "")
+            f"DataLoader timed out after {self._timeout} seconds: worker {worker.worker_id} "
+            f"(pid {worker.pid}) has been on {doing} for {status.age_s:.1f} s, in stage "
+            f"{status.stage.value}. Fix: find what blocks it (a slow disk or network read, a "
+            "lock), raise timeout, or pass on_timeout='restart' to kill the stuck worker "
+            "and retry." + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else "")
         )
 
     # --- errors ------------------------------------------------------------

@@ -32,8 +32,6 @@ try:  # torch is optional
 except ImportError:  # pragma: no cover - exercised in the no-torch CI job
     torch = None
 
-_UINT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-
 
 @dataclass(frozen=True)
 class SlotPayload:
@@ -52,30 +50,46 @@ Payload = SlotPayload | InlinePayload
 
 
 class _BatchPickler(pickle.Pickler):
+    """Pickles CPU tensors as their storage's bytes (out of band) plus their view.
+
+    Sending the storage rather than the tensor keeps shapes, strides and
+    offsets exactly, keeps tensors that share a storage sharing it (one
+    array per storage, deduplicated by pickle's memo), and works for every
+    dtype, NumPy-representable or not.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._storages: dict[tuple[int, int], np.ndarray] = {}
+
     def reducer_override(self, obj: Any) -> Any:
         if torch is not None and type(obj) is torch.Tensor:
-            return _reduce_tensor(obj)
+            return self._reduce_tensor(obj)
         return NotImplemented
 
-
-def _reduce_tensor(t: Any) -> Any:
-    if t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad or t.is_quantized:
-        return NotImplemented
-    t = t.contiguous()
-    try:
-        return (_tensor_from_numpy, (t.numpy(), None))
-    except TypeError:  # a dtype NumPy lacks (bfloat16, float8...): ship its bytes
-        carrier = _UINT_OF_SIZE.get(t.element_size())
-        if carrier is None:
+    def _reduce_tensor(self, t: Any) -> Any:
+        if t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad:
             return NotImplemented
-        return (_tensor_from_numpy, (t.view(getattr(torch, carrier)).numpy(), str(t.dtype)))
+        if t.is_quantized:
+            return NotImplemented
+        t = t.resolve_conj().resolve_neg()  # lazy conj/neg bits have no NumPy form
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        data = self._storages.get(key)
+        if data is None:
+            data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            self._storages[key] = data
+        view = (tuple(t.shape), t.stride(), t.storage_offset())
+        return (_tensor_from_storage, (data, str(t.dtype).removeprefix("torch."), *view))
 
 
-def _tensor_from_numpy(array: np.ndarray, dtype_name: str | None) -> Any:
-    tensor = torch.from_numpy(array)
-    if dtype_name is not None:
-        tensor = tensor.view(getattr(torch, dtype_name.removeprefix("torch.")))
-    return tensor
+def _tensor_from_storage(
+    data: np.ndarray, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> Any:
+    typed = torch.from_numpy(data)
+    if dtype != "uint8":
+        typed = typed.view(getattr(torch, dtype))
+    return torch.as_strided(typed, shape, stride, offset)
 
 
 def dumps(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> bytes:

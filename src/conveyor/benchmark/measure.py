@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -202,22 +203,27 @@ def measure_startup(make_loader: LoaderFactory) -> Measurement:
     return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 
-def parallel_speedup(work: Callable[[], None], processes: int) -> float:
+def parallel_speedup(work: Callable[[], None], processes: int, pairs: int = 3) -> float:
     """How much more work ``processes`` parallel copies of ``work`` get done than one run.
 
-    The machine's own ceiling for spreading pure-Python work over processes (``work`` must
-    pickle when the default start method is not fork).
+    The machine's own ceiling for spreading pure-Python work over processes right now. One
+    run and one parallel round are timed back to back, ``pairs`` times; the median ratio is
+    returned, so a burst of load from elsewhere skews one pair, not the answer. ``work``
+    must pickle where the default start method is not fork.
     """
-    start = time.perf_counter()
-    work()
-    single = time.perf_counter() - start
-    copies = [multiprocessing.Process(target=work) for _ in range(processes)]
-    start = time.perf_counter()
-    for proc in copies:
-        proc.start()
-    for proc in copies:
-        proc.join()
-    return processes * single / (time.perf_counter() - start)
+    ratios = []
+    for _ in range(pairs):
+        start = time.perf_counter()
+        work()
+        single = time.perf_counter() - start
+        copies = [multiprocessing.Process(target=work) for _ in range(processes)]
+        start = time.perf_counter()
+        for proc in copies:
+            proc.start()
+        for proc in copies:
+            proc.join()
+        ratios.append(processes * single / (time.perf_counter() - start))
+    return statistics.median(ratios)
 
 
 def cpu_count_line() -> str:

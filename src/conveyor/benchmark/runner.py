@@ -304,9 +304,9 @@ def _run_workload(
             rows.append(row)
     scaling = None
     if isinstance(dataset, CpuDataset):
-        count = 20 if options.quick else 500  # ~0.5 s of work per process
+        count = 20 if options.quick else 300  # ~0.3 s of work per process
         probe = functools.partial(spin_many, dataset.iterations, count)
-        scaling = parallel_speedup(probe, spec.num_workers)
+        scaling = parallel_speedup(probe, spec.num_workers, pairs=1 if options.quick else 3)
         progress(f"  {spec.name} | machine check | {spec.num_workers} processes: {scaling:.2f}x")
     _annotate(spec, rows, scaling)
     return rows
