@@ -375,10 +375,10 @@ class MultiprocessIterator:
                     worker.decoder.discard(message.payload)
                 return True
             self._results[message.seq] = _Done(message, worker)
-            elapsed = time.monotonic() - task.sent_at
-            self._batch_time = (
-                elapsed if not self._batch_time else (0.9 * self._batch_time + 0.1 * elapsed)
-            )
+            if task.timed:
+                elapsed = time.monotonic() - task.sent_at
+                ewma = 0.9 * self._batch_time + 0.1 * elapsed
+                self._batch_time = ewma if self._batch_time else elapsed
             if isinstance(message, BatchDone) and message.skipped:
                 self._record_skips(message.skipped, worker, message)
         return True
