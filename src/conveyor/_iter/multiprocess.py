@@ -115,6 +115,7 @@ class MultiprocessIterator:
         self._batch_time = 0.0  # moving average of a task's time in a worker
         self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
         self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
+        self._recheck_at = 0.0  # when _next_wake must read the status pages again
         # torch iterates the index sampler once, draws the base seed, then
         # iterates it again per epoch: samplers that draw eagerly in __iter__
         # consume the RNG in that order, so do the same.
@@ -333,14 +334,23 @@ class MultiprocessIterator:
         return [(w, s) for w, s in statuses if s.stage is not None]
 
     def _next_wake(self) -> float | None:
-        """Seconds until a running task reaches the timeout or stall threshold."""
+        """Seconds until a running task may reach the timeout or stall threshold.
+
+        Reading the status pages costs a little, so it is done only once the
+        previous answer has run out: a task that starts later cannot reach a
+        limit before ``now + min(limits)``, which bounds every answer.
+        """
         limits = [x for x in (self._timeout or None, self._stall_threshold()) if x]
         if not limits:
             return None
-        wakes = [min(limits)]  # re-check at least this often while tasks queue
+        now = time.monotonic()
+        if now < self._recheck_at:
+            return self._recheck_at - now
+        wakes = [min(limits)]
         for _, status in self._running():
             wakes += [limit - status.age_s for limit in limits]
-        return max(0.0, min(wakes))
+        self._recheck_at = now + max(0.0, min(wakes))
+        return self._recheck_at - now
 
     def _stall_threshold(self) -> float | None:
         if self._policy.stall_warning is None:
