@@ -17,6 +17,12 @@ for ``torch.utils.data.DataLoader`` keep working::
     │   └── CollateTypeError (TypeError)      an element type collate cannot batch
     └── ConfigError (ValueError)              an argument and its bad value
 
+Warnings (the loader keeps going)::
+
+    ConveyorWarning (RuntimeWarning)
+    ├── WorkerRestartedWarning                a worker died; it was replaced and its tasks re-sent
+    └── WorkerStallWarning                    a task runs far longer than usual: its stack
+
 Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
 ``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
 carrying a :class:`WorkerContext` (see :func:`attach_worker_context`).
@@ -38,15 +44,30 @@ __all__ = [
     "CollateTypeError",
     "ConfigError",
     "ConveyorError",
+    "ConveyorWarning",
     "UnpicklableError",
     "WorkerContext",
     "WorkerCrashedError",
     "WorkerError",
+    "WorkerRestartedWarning",
+    "WorkerStallWarning",
     "WorkerStartupError",
     "WorkerTimeoutError",
     "add_note",
     "attach_worker_context",
 ]
+
+
+class ConveyorWarning(RuntimeWarning):
+    """Base class of conveyor's warnings: something went wrong and was handled."""
+
+
+class WorkerRestartedWarning(ConveyorWarning):
+    """A worker died and was replaced; its tasks were re-sent, nothing was lost."""
+
+
+class WorkerStallWarning(ConveyorWarning):
+    """A task has been running far longer than usual; the message has its stack."""
 
 
 class ConveyorError(Exception):

@@ -42,6 +42,8 @@ from .._workers.status import WorkerStatus, read_status
 from ..errors import (
     WorkerContext,
     WorkerCrashedError,
+    WorkerRestartedWarning,
+    WorkerStallWarning,
     WorkerStartupError,
     WorkerTimeoutError,
     add_note,
@@ -59,14 +61,6 @@ log = logging.getLogger("conveyor")
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
-
-
-class WorkerRestartedWarning(RuntimeWarning):
-    """A worker died and was replaced; its tasks were re-sent, nothing was lost."""
-
-
-class WorkerStallWarning(RuntimeWarning):
-    """A task has been running far longer than usual; the message has the stack."""
 
 
 @dataclass
