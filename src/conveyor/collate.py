@@ -18,24 +18,17 @@ import contextvars
 import copy
 import math
 import operator
+import sys
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
 
 from conveyor import _collate_errors as _err
+from conveyor import _torch
 from conveyor._collate_errors import collate_context
 
-
-def _import_torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-torch: Any = _import_torch()
+torch: Any = _torch.load()  # None without torch, or in a worker that defers it
 
 __all__ = [
     "OUTPUT_ALLOCATOR",
@@ -65,11 +58,20 @@ _NATIVE_DTYPES = frozenset(
 )  # fmt: skip
 _TORCH_TO_NP: dict[Any, np.dtype[Any]] = {}
 _SPARSE: frozenset[Any] = frozenset()
-if torch is not None:
+
+
+def _adopt_torch() -> Any:
+    """Switch this module to torch (imported now if need be); returns the leaf rules."""
+    global torch, _TORCH_TO_NP, _SPARSE, _DEFAULT
+    torch = _torch.require()
+    if torch is None:
+        return _NUMPY
     _TORCH_TO_NP = {torch.from_numpy(np.zeros(0, d)).dtype: d for d in _NATIVE_DTYPES}
     _SPARSE = frozenset(
         (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
     )
+    _DEFAULT = _TorchLeaves()
+    return _DEFAULT
 
 
 def _out_buffer(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray | None:
@@ -235,9 +237,65 @@ class _TorchLeaves:
             _err.raise_leaf(batch, path, exc)
 
 
+class _NeedsTorch(Exception):
+    """Only torch itself can say what this batch collates to."""
+
+
+class _DeferredLeaves(_NumpyLeaves):
+    """In a worker that has not imported torch: NumPy, where that is exactly torch.
+
+    Each rule here gives the values, dtype and shape torch's would (the main
+    process turns the arrays into tensors as it unpickles them). Anything
+    else (mixed dtypes or types, ragged shapes, errors) raises _NeedsTorch,
+    and the batch is collated again with torch's own rules.
+    """
+
+    def array(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        stacked = _stack_exact(batch) if batch[0].dtype in _NATIVE_DTYPES else None
+        if stacked is None:
+            raise _NeedsTorch
+        return stacked
+
+    def scalar(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        if len(set(map(type, batch))) != 1:
+            raise _NeedsTorch
+        out = np.array(batch)
+        if out.dtype not in _NATIVE_DTYPES or out.ndim != 1:
+            raise _NeedsTorch
+        return out
+
+    def float_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            out = np.array(batch, dtype=np.float64)  # torch.tensor(batch, dtype=float64)
+        except Exception as exc:
+            raise _NeedsTorch from exc
+        if out.ndim != 1:
+            raise _NeedsTorch
+        return out
+
+    def int_(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        try:
+            out = np.array(batch)
+        except Exception as exc:
+            raise _NeedsTorch from exc
+        # int64 (ints, maybe with bools) and bool (all bools) are torch's dtypes too.
+        if out.ndim != 1 or out.dtype not in (np.dtype(np.int64), np.dtype(np.bool_)):
+            raise _NeedsTorch
+        return out
+
+
 _Leaves = _NumpyLeaves | _TorchLeaves
 _NUMPY = _NumpyLeaves()
-_DEFAULT: _Leaves = _NUMPY if torch is None else _TorchLeaves()
+_DEFERRED = _DeferredLeaves()
+_DEFAULT: _Leaves = _NUMPY
+
+
+def _default_leaves() -> _Leaves:
+    if torch is None:
+        if "torch" in sys.modules or not _torch.deferred():
+            return _adopt_torch()  # the user's code imported torch meanwhile
+        return _DEFERRED
+    return _DEFAULT
 
 
 def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> Any:
@@ -329,7 +387,13 @@ def default_collate(batch: Sequence[Any]) -> Any:
     :func:`collate_context` to have errors name dataset indices.
     """
     _first(batch)
-    return _collate(batch, (), _DEFAULT)
+    leaves = _default_leaves()
+    if leaves is _DEFERRED:
+        try:
+            return _collate(batch, (), leaves)
+        except _NeedsTorch:
+            leaves = _adopt_torch()
+    return _collate(batch, (), leaves)
 
 
 def numpy_collate(batch: Sequence[Any]) -> Any:
@@ -345,8 +409,11 @@ def numpy_collate(batch: Sequence[Any]) -> Any:
 def default_convert(data: Any) -> Any:
     """Turn each NumPy array or scalar inside ``data`` into a tensor, as torch does.
 
-    Without torch installed, leaves are returned as they are.
+    Without torch installed, leaves are returned as they are (so does a worker
+    that defers torch: the main process makes the tensors as it unpickles).
     """
+    if torch is None and "torch" in sys.modules:
+        _adopt_torch()
     if torch is not None:
         if isinstance(data, torch.Tensor):
             return data
@@ -364,3 +431,7 @@ def default_convert(data: Any) -> Any:
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
         return _rebuild_sequence(data, [default_convert(d) for d in data])
     return data
+
+
+if torch is not None:
+    _adopt_torch()

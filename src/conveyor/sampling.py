@@ -24,10 +24,11 @@ from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
-try:
-    import torch
-except ImportError:
-    torch = None  # type: ignore[assignment]
+from . import _torch
+
+# None without torch. A worker that defers torch never samples: it only needs
+# worker_seeds(), which is arithmetic.
+torch: Any = _torch.load()
 
 __all__ = [
     "BatchSampler",

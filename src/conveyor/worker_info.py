@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import _torch
+
 __all__ = ["WorkerInfo", "get_worker_info"]
 
 
@@ -34,12 +36,15 @@ def set_worker_info(info: WorkerInfo) -> None:
     """Install ``info`` for this process (and for torch's own getter, if present)."""
     global _current
     _current = info
-    try:
-        from torch.utils.data._utils import worker as torch_worker
-    except ImportError:
-        return
+
     # Datasets written for torch call torch.utils.data.get_worker_info() to
-    # shard themselves; make that work in our workers too.
-    torch_worker._worker_info = torch_worker.WorkerInfo(
-        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
-    )
+    # shard themselves; make that work in our workers too, also when the
+    # worker imports torch only later.
+    def install(torch: Any) -> None:
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
+
+    _torch.on_import(install)

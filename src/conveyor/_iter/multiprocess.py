@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
+from .. import _torch
 from .._transport.codec import InlinePayload, SlotPayload
 from .._workers.exits import describe_exit
 from .._workers.loop import UserObjects, WorkerSpec
@@ -127,6 +128,7 @@ class MultiprocessIterator:
                 max_slots=self._prefetch + SLOTS_BEYOND_PREFETCH,
                 parent_pid=_own_pid(),
                 skip_errors=self._policy.on_error == "skip",
+                tensors_in_main=_torch.load() is not None,
             )
             for i in range(self._num_workers)
         ]

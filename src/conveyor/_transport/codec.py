@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,12 +26,6 @@ import numpy as np
 
 from ..collate import OUTPUT_ALLOCATOR
 from .arena import MainArena, SlotInfo, SlotLease, WorkerArena, align
-
-torch: Any
-try:  # torch is optional
-    import torch
-except ImportError:  # pragma: no cover - exercised in the no-torch CI job
-    torch = None
 
 
 @dataclass(frozen=True)
@@ -58,16 +53,25 @@ class _BatchPickler(pickle.Pickler):
     dtype, NumPy-representable or not.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, arrays_as_tensors: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._storages: dict[tuple[int, int], np.ndarray] = {}
+        self._carriers: set[int] = set()  # ids of the arrays in _storages
+        self._arrays_as_tensors = arrays_as_tensors
+        # Looked up per batch: a worker may import torch at any time.
+        self._torch = sys.modules.get("torch")
 
     def reducer_override(self, obj: Any) -> Any:
-        if torch is not None and type(obj) is torch.Tensor:
-            return self._reduce_tensor(obj)
+        kind = type(obj)
+        if self._torch is not None and kind is self._torch.Tensor:
+            return self._reduce_tensor(obj, self._torch)
+        if self._arrays_as_tensors and (kind is np.ndarray or isinstance(obj, np.generic)):
+            if id(obj) in self._carriers:
+                return NotImplemented  # a tensor's storage bytes, not a leaf
+            return _reduce_array_as_tensor(obj)
         return NotImplemented
 
-    def _reduce_tensor(self, t: Any) -> Any:
+    def _reduce_tensor(self, t: Any, torch: Any) -> Any:
         if t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad:
             return NotImplemented
         if t.is_quantized:
@@ -79,30 +83,63 @@ class _BatchPickler(pickle.Pickler):
         if data is None:
             data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
             self._storages[key] = data
+            self._carriers.add(id(data))
         view = (tuple(t.shape), t.stride(), t.storage_offset())
         return (_tensor_from_storage, (data, str(t.dtype).removeprefix("torch."), *view))
+
+
+def _reduce_array_as_tensor(obj: Any) -> Any:
+    """A NumPy leaf that torch's collate would have made a tensor (see _torch.py)."""
+    array = np.asarray(obj)  # (ascontiguousarray would make a 0-d scalar 1-d)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.dtype.kind in "SUOV":  # torch leaves these as NumPy
+        return NotImplemented
+    if not array.flags.writeable:  # would arrive read-only when sent in-band
+        array = array.copy()
+    buffer = pickle.PickleBuffer(array)  # type: ignore[arg-type]
+    return (_tensor_from_array, (buffer, array.dtype.str, array.shape))
+
+
+def _tensor_from_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    return torch.from_numpy(np.frombuffer(buffer, dtype=dtype).reshape(shape))
 
 
 def _tensor_from_storage(
     data: np.ndarray, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], offset: int
 ) -> Any:
+    import torch
+
     typed = torch.from_numpy(data)
     if dtype != "uint8":
         typed = typed.view(getattr(torch, dtype))
     return torch.as_strided(typed, shape, stride, offset)
 
 
-def dumps(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> bytes:
+def dumps(
+    obj: Any,
+    buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None,
+    *,
+    arrays_as_tensors: bool = False,
+) -> bytes:
     stream = io.BytesIO()
-    _BatchPickler(stream, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    pickler = _BatchPickler(
+        stream, protocol=5, buffer_callback=buffer_callback, arrays_as_tensors=arrays_as_tensors
+    )
+    pickler.dump(obj)
     return stream.getvalue()
 
 
 class Encoder:
     """Worker side. ``encode`` raises whatever pickling raises (the caller names the culprit)."""
 
-    def __init__(self, arena: WorkerArena) -> None:
+    def __init__(self, arena: WorkerArena, *, arrays_as_tensors: bool = False) -> None:
         self.arena = arena
+        # The batch came from our default collate in a worker deferring torch:
+        # its NumPy leaves stand for tensors (see conveyor._torch).
+        self.arrays_as_tensors = arrays_as_tensors
         self._size_hint = 0  # bytes the previous batch took: batches are usually alike
         self._lease: SlotLease | None = None
 
@@ -120,7 +157,7 @@ class Encoder:
         lease, self._lease = self._lease, None
         try:
             buffers: list[pickle.PickleBuffer] = []
-            meta = dumps(batch, buffers.append)
+            meta = dumps(batch, buffers.append, arrays_as_tensors=self.arrays_as_tensors)
             raws = [b.raw() for b in buffers]
             layout = lease.place(raws) if lease is not None and raws else None
             if layout is None:
@@ -133,7 +170,8 @@ class Encoder:
                 lease = fresh
                 if raws:
                     if lease is None:
-                        return InlinePayload(dumps(batch), slots_exhausted=True)
+                        data = dumps(batch, arrays_as_tensors=self.arrays_as_tensors)
+                        return InlinePayload(data, slots_exhausted=True)
                     layout = lease.place(raws)
             if lease is None or layout is None:
                 return InlinePayload(meta)

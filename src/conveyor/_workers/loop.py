@@ -20,9 +20,11 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .. import _torch
 from .._iter.fetch import IterableFetcher, MapFetcher
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
+from ..collate import default_collate, default_convert
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
 from .fds import InheritedFd
@@ -61,6 +63,7 @@ class WorkerSpec:
     max_slots: int
     parent_pid: int
     skip_errors: bool = False  # on_error="skip": leave failing samples out
+    tensors_in_main: bool = False  # the main process has torch: batches hold tensors
 
 
 def worker_main(
@@ -104,7 +107,10 @@ def worker_main(
             return
     status.idle()
     results.send(Ready(spec.worker_id, os.getpid()))
-    _serve(spec, objects, tasks, results, Encoder(arena), status)
+    # Our own collate functions in a worker deferring torch return NumPy leaves
+    # that stand for tensors: mark them so the main process makes tensors.
+    as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
+    _serve(spec, objects, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
 
 
 def _serve(
@@ -245,9 +251,9 @@ def _seed_like_torch(base_seed: int, worker_id: int) -> None:
     seeds = worker_seeds(base_seed, worker_id)
     random.seed(seeds.python)
     np.random.seed(seeds.numpy)
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.manual_seed(seeds.torch)
-    torch.set_num_threads(1)
+
+    def seed_torch(torch: Any) -> None:
+        torch.manual_seed(seeds.torch)
+        torch.set_num_threads(1)
+
+    _torch.on_import(seed_torch)  # now, or when the worker first imports torch

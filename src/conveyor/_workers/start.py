@@ -10,6 +10,7 @@ work, and keeps a training script's top level from running once per worker.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,8 @@ from multiprocessing import spawn
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+from .._torch import DEFER_ENV
 
 _lock = threading.Lock()
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
@@ -29,8 +32,22 @@ def start_process(context: BaseContext, process: BaseProcess) -> None:
         return
     if context.get_start_method() == "forkserver":
         _preload_forkserver(context)
-    with _lock, _without_main():
+    with _lock, _without_main(), _deferring_torch():
         process.start()
+
+
+@contextmanager
+def _deferring_torch() -> Iterator[None]:
+    """Start the child with torch deferred (it inherits the environment)."""
+    before = os.environ.get(DEFER_ENV)
+    os.environ[DEFER_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DEFER_ENV]
+        else:
+            os.environ[DEFER_ENV] = before
 
 
 @contextmanager
