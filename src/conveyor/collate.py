@@ -116,12 +116,22 @@ def _stack_exact(batch: Sequence[Any]) -> np.ndarray | None:
         return None
     shape = (len(batch), *elem.shape)
     out = _out_buffer(shape, elem.dtype)
+    if out is None:
+        out = np.empty(shape, elem.dtype)
     try:
-        return np.stack(
-            batch, out=np.empty(shape, elem.dtype) if out is None else out, casting="no"
-        )
-    except (ValueError, TypeError):
+        # One shape for all (checked in C); ragged first dimensions could
+        # otherwise add up to the right total and concatenate silently.
+        if len(set(map(_SHAPE, batch))) != 1:
+            return None
+        if elem.ndim:
+            # Joining along axis 0 into the (n * d0, ...) view of ``out`` is a
+            # stack, without the per-element views np.stack builds (4x faster).
+            np.concatenate(batch, out=out.reshape(-1, *elem.shape[1:]), casting="no")
+        else:
+            np.stack(batch, out=out, casting="no")
+    except (ValueError, TypeError, AttributeError):
         return None
+    return out
 
 
 def _np_stack(batch: Sequence[Any], path: tuple[Any, ...]) -> np.ndarray:
