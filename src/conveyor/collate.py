@@ -252,13 +252,16 @@ class _NeedsTorch(Exception):
 
 
 class _DeferredLeaves(_NumpyLeaves):
-    """In a worker that has not imported torch: NumPy, where that is exactly torch.
+    """In a worker: NumPy, where that is exactly torch (see make_tensors_in_main).
 
     Each rule here gives the values, dtype and shape torch's would (the main
     process turns the arrays into tensors as it unpickles them). Anything
     else (mixed dtypes or types, ragged shapes, errors) raises _NeedsTorch,
     and the batch is collated again with torch's own rules.
     """
+
+    def tensor(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
+        raise _NeedsTorch  # samples holding tensors: torch's own rules
 
     def array(self, batch: Sequence[Any], path: tuple[Any, ...]) -> Any:
         stacked = _stack_exact(batch) if batch[0].dtype in _NATIVE_DTYPES else None
@@ -300,11 +303,30 @@ _DEFERRED = _DeferredLeaves()
 _DEFAULT: _Leaves = _NUMPY
 
 
+_tensors_made_by_main = False
+
+
+def make_tensors_in_main(enabled: bool) -> None:
+    """In a worker: stack into NumPy wherever that is exactly torch's result.
+
+    The worker's transport then marks the arrays, and the main process makes
+    the tensors while unpickling (``torch.from_numpy``, no copy): building
+    tensors here only to take them apart for sending would cost more than
+    the stacking itself for small samples.
+    """
+    global _tensors_made_by_main
+    _tensors_made_by_main = enabled
+
+
 def _default_leaves() -> _Leaves:
-    if torch is None:
-        if "torch" in sys.modules or not _torch.deferred():
-            return _adopt_torch()  # the user's code imported torch meanwhile
+    if torch is None and "torch" in sys.modules:
+        _adopt_torch()  # the user's code imported torch: recognise its tensors
+    if _tensors_made_by_main:
         return _DEFERRED
+    if torch is None:
+        # Called from a user's own collate_fn in a worker deferring torch: the
+        # main process will not convert, so torch's tensors are needed here.
+        return _adopt_torch()
     return _DEFAULT
 
 
@@ -402,7 +424,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
         try:
             return _collate(batch, (), leaves)
         except _NeedsTorch:
-            leaves = _adopt_torch()
+            leaves = _adopt_torch() if torch is None else _DEFAULT
     return _collate(batch, (), leaves)
 
 
@@ -422,7 +444,7 @@ def default_convert(data: Any) -> Any:
     Without torch installed, leaves are returned as they are (so does a worker
     that defers torch: the main process makes the tensors as it unpickles).
     """
-    if torch is None and "torch" in sys.modules:
+    if torch is None and not _tensors_made_by_main:
         _adopt_torch()
     if torch is not None:
         if isinstance(data, torch.Tensor):

@@ -95,3 +95,16 @@ def test_mixed_dtypes_promote_as_torch_does_in_process(method):
     )
     theirs = list(TorchDataLoader(ds.MixedArrays(), batch_size=4))
     _equal(ours, theirs)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_custom_collate_calling_default_collate_still_gets_tensors(method):
+    loader = conveyor.DataLoader(
+        ds.Mixed(),
+        batch_size=4,
+        num_workers=1,
+        multiprocessing_context=method,
+        collate_fn=ds.collate_via_default,
+    )
+    reference = TorchDataLoader(ds.Mixed(), batch_size=4)
+    _equal([b["wrapped"] for b in loader], list(reference))

@@ -94,3 +94,10 @@ class MixedArrays:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return np.ones(3, dtype=np.float32 if i % 2 else np.int64) * i
+
+
+def collate_via_default(batch: list) -> dict:
+    """A user's own collate_fn that delegates to conveyor's default_collate."""
+    from conveyor import default_collate
+
+    return {"wrapped": default_collate(batch)}

@@ -24,7 +24,7 @@ from .. import _torch
 from .._iter.fetch import IterableFetcher, MapFetcher
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
-from ..collate import default_collate, default_convert
+from ..collate import default_collate, default_convert, make_tensors_in_main
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
 from .fds import InheritedFd
@@ -110,6 +110,7 @@ def worker_main(
     # Our own collate functions in a worker deferring torch return NumPy leaves
     # that stand for tensors: mark them so the main process makes tensors.
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
+    make_tensors_in_main(as_tensors)
     _serve(spec, objects, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
 
 
