@@ -6,10 +6,12 @@ from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
 from .collate import default_collate, default_convert, numpy_collate
 from .dataset import Dataset, IterableDataset
 from .errors import (
+    BatchesHeldWarning,
     CollateError,
     ConfigError,
     ConveyorError,
     ConveyorWarning,
+    SharedMemoryExhaustedError,
     UnpicklableError,
     WorkerCrashedError,
     WorkerError,
@@ -34,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSampler",
+    "BatchesHeldWarning",
     "CollateError",
     "ConfigError",
     "ConveyorError",
@@ -46,6 +49,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "SharedMemoryExhaustedError",
     "SkippedSample",
     "SubsetRandomSampler",
     "UnpicklableError",

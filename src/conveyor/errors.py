@@ -15,13 +15,15 @@ for ``torch.utils.data.DataLoader`` keep working::
     │   ├── CollateKeyError (KeyError)        a sample lacks a key the first sample has
     │   ├── CollateShapeError (RuntimeError)  arrays / tensors of different shapes
     │   └── CollateTypeError (TypeError)      an element type collate cannot batch
+    ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
 
 Warnings (the loader keeps going)::
 
     ConveyorWarning (RuntimeWarning)
     ├── WorkerRestartedWarning                a worker died; it was replaced and its tasks re-sent
-    └── WorkerStallWarning                    a task runs far longer than usual: its stack
+    ├── WorkerStallWarning                    a task runs far longer than usual: its stack
+    └── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
 
 Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
 ``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BatchesHeldWarning",
     "CollateError",
     "CollateKeyError",
     "CollateShapeError",
@@ -45,6 +48,7 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
+    "SharedMemoryExhaustedError",
     "UnpicklableError",
     "WorkerContext",
     "WorkerCrashedError",
@@ -70,8 +74,16 @@ class WorkerStallWarning(ConveyorWarning):
     """A task has been running far longer than usual; the message has its stack."""
 
 
+class BatchesHeldWarning(ConveyorWarning):
+    """Every shared-memory slot of a worker is held by live batches: copying instead."""
+
+
 class ConveyorError(Exception):
     """Base class of every exception conveyor raises on its own account."""
+
+
+class SharedMemoryExhaustedError(ConveyorError, MemoryError):
+    """The system could not provide the shared memory a batch needs."""
 
 
 class WorkerError(ConveyorError, RuntimeError):

@@ -41,6 +41,7 @@ from .._workers.protocol import (
 from .._workers.remote_error import rebuild
 from .._workers.status import WorkerStatus, read_status
 from ..errors import (
+    BatchesHeldWarning,
     WorkerContext,
     WorkerCrashedError,
     WorkerRestartedWarning,
@@ -752,7 +753,7 @@ class MultiprocessIterator:
             "(slower). This happens when the loop keeps references to many batches (e.g. "
             "appends them to a list). Fix: keep only what you need (e.g. .clone() or "
             ".copy() the part you keep).",
-            ResourceWarning,
+            BatchesHeldWarning,
             stacklevel=4,
         )
 

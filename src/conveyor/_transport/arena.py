@@ -18,14 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConveyorError
+from ..errors import SharedMemoryExhaustedError
 
 PAGE = mmap.PAGESIZE
 MIN_SLOT_BYTES = 1 << 16
-
-
-class SharedMemoryExhaustedError(ConveyorError, MemoryError):
-    """The system could not provide the shared memory a batch needs."""
 
 
 def create_arena_fd(worker_id: int) -> int:

@@ -184,7 +184,7 @@ def _run(
         status.stage(stage)
         return BatchDone(task.epoch, task.seq, encoder.encode(batch), tuple(skipped))
     except Exception as exc:
-        if stage is Stage.TRANSFER:
+        if stage is Stage.TRANSFER and not isinstance(exc, MemoryError):
             exc = _explain_unsendable(batch, exc, task.index)
         if skip_errors and indices:
             # The whole batch goes: record each of its samples with the error.

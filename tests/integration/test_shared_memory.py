@@ -1,0 +1,98 @@
+"""Shared memory: a tiny /dev/shm does not matter, exhaustion is a clear error."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conveyor import SharedMemoryExhaustedError
+from conveyor._transport import arena as arena_module
+from conveyor._transport.arena import WorkerArena, create_arena_fd
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from conveyor import DataLoader
+
+    class Images:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return np.full((3, 224, 224), i % 251, dtype=np.uint8)
+
+    if __name__ == "__main__":
+        loader = DataLoader(Images(), batch_size=16, num_workers=2,
+                            multiprocessing_context=sys.argv[1])
+        sums = [int(b[:, 0, 0, 0].sum()) for b in loader]
+        assert sums == [sum(range(i, i + 16)) for i in range(0, 64, 16)], sums
+        print("ok", len(sums))
+    """
+)
+
+
+def _can_make_mount_namespaces() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True, timeout=30, check=False
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_make_mount_namespaces(), reason="needs unshare --mount (root)")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_one_megabyte_dev_shm_does_not_matter(tmp_path, method):
+    """torch needs /dev/shm for every batch (bus errors in small containers);
+    conveyor's memfds are not on /dev/shm. 4 batches of 2.4 MB through a 1 MB one."""
+    script = tmp_path / "images.py"
+    script.write_text(SCRIPT)
+    command = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && {sys.executable} {script} {method}"
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok 4"
+
+
+def test_exhausted_memory_is_an_error_naming_the_size(monkeypatch):
+    """When the kernel cannot reserve a slot's pages, say how much and what to do."""
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(arena_module.os, "posix_fallocate", no_space)
+    arena = WorkerArena(create_arena_fd(0), max_slots=2)
+    with pytest.raises(SharedMemoryExhaustedError) as caught:
+        arena.acquire(9_633_792)  # one 64-image batch
+    message = str(caught.value)
+    assert "11.5 MiB" in message  # the slot it tried to reserve (with headroom)
+    assert "lower batch_size, prefetch_factor or num_workers" in message
+    assert isinstance(caught.value, MemoryError)
+
+
+def test_exhausted_memory_keeps_earlier_slots_usable(monkeypatch):
+    arena = WorkerArena(create_arena_fd(0), max_slots=4)
+    first = arena.acquire(1000)
+    assert first is not None
+    monkeypatch.setattr(
+        arena_module.os,
+        "posix_fallocate",
+        lambda fd, offset, length: (_ for _ in ()).throw(OSError(errno.ENOMEM, "no memory")),
+    )
+    with pytest.raises(SharedMemoryExhaustedError):
+        arena.acquire(10_000_000)
+    _, view = first
+    view[:4] = np.arange(4, dtype=np.uint8)  # still mapped and writable
+    assert list(view[:4]) == [0, 1, 2, 3]
