@@ -7,6 +7,11 @@ unpickling; anything else makes the worker import torch and use its rules.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from tests.integration import torchless_datasets as ds
@@ -17,6 +22,7 @@ from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 import conveyor  # noqa: E402
 
 METHODS = ["spawn", "forkserver"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _equal(a, b, path="batch"):
@@ -50,12 +56,25 @@ def _both(dataset, method, **kwargs):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_workers_do_not_import_torch_for_a_numpy_dataset(method):
-    loader = conveyor.DataLoader(
-        ds.TorchPresence(), batch_size=2, num_workers=1, multiprocessing_context=method
+    """In a fresh interpreter: the fork server is one per process, and another
+    test's preloads (a dataset module importing torch) would leak into it."""
+    code = textwrap.dedent(
+        f"""
+        import torch, conveyor
+        from tests.integration import torchless_datasets as ds
+        loader = conveyor.DataLoader(
+            ds.TorchPresence(), batch_size=2, num_workers=1, multiprocessing_context={method!r}
+        )
+        batches = list(loader)
+        assert isinstance(batches[0]["x"], torch.Tensor), type(batches[0]["x"])
+        print([bool(b) for batch in batches for b in batch["torch_loaded"]])
+        """
     )
-    batches = list(loader)
-    assert [bool(b) for batch in batches for b in batch["torch_loaded"]] == [False] * 4
-    assert isinstance(batches[0]["x"], torch.Tensor)  # yet the user gets tensors
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([False] * 4)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -24,7 +24,7 @@ from .._transport.codec import Decoder
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
 from .protocol import Stop, Task
-from .start import start_process
+from .start import modules_to_preload, start_process
 
 STOP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 1.0
@@ -79,9 +79,10 @@ class WorkerPool:
         method = context.get_start_method()
         # Kept until close: a replacement worker reads the same serialized copy.
         self._setup = None if method == "fork" else _serialize_once(user, method)
+        self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
         try:
             for spec in specs:
-                self.workers.append(_start_worker(context, spec, user, self._setup))
+                self.workers.append(_start_worker(context, spec, user, self._setup, self._preload))
         except BaseException:
             self.close()
             raise
@@ -94,7 +95,9 @@ class WorkerPool:
             old.process.kill()
             old.process.join()
         _release(old)
-        new = _start_worker(self._context, self._specs[worker_id], self._user, self._setup)
+        new = _start_worker(
+            self._context, self._specs[worker_id], self._user, self._setup, self._preload
+        )
         self.workers[worker_id] = new
         return new
 
@@ -185,7 +188,11 @@ def _explain(user: UserObjects, error: Exception, start_method: str) -> Exceptio
 
 
 def _start_worker(
-    context: BaseContext, spec: WorkerSpec, user: UserObjects, setup_fd: int | None
+    context: BaseContext,
+    spec: WorkerSpec,
+    user: UserObjects,
+    setup_fd: int | None,
+    preload: Sequence[str] = (),
 ) -> Worker:
     task_reader, task_writer = context.Pipe(duplex=False)
     result_reader, result_writer = context.Pipe(duplex=False)
@@ -208,7 +215,7 @@ def _start_worker(
         daemon=True,
     )
     try:
-        start_process(context, process)
+        start_process(context, process, preload)
     finally:
         # The child has its own copies now; ours would keep EOF from coming.
         task_reader.close()

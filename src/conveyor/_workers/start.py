@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing import spawn
 from multiprocessing.context import BaseContext
@@ -26,12 +26,13 @@ _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 FORKSERVER_PRELOAD = ["conveyor._workers.loop"]
 
 
-def start_process(context: BaseContext, process: BaseProcess) -> None:
+def start_process(context: BaseContext, process: BaseProcess, preload: Sequence[str] = ()) -> None:
+    """Start ``process``; a fork server we start first imports ``preload``."""
     if context.get_start_method() == "fork":
         process.start()
         return
     if context.get_start_method() == "forkserver":
-        _preload_forkserver(context)
+        _preload_forkserver(context, preload)
     with _lock, _without_main(), _deferring_torch():
         process.start()
 
@@ -67,17 +68,32 @@ def _without_main() -> Iterator[None]:
         spawn.get_preparation_data = original
 
 
-def _preload_forkserver(context: BaseContext) -> None:
-    """Have a fork server we start import our worker code, not ``__main__``.
+def _preload_forkserver(context: BaseContext, extra: Sequence[str]) -> None:
+    """Have a fork server we start import what workers import, not ``__main__``.
 
-    The fork server is one per interpreter: if the program already started
-    it, this changes nothing.
+    That is our worker code and the modules defining the user's dataset and
+    functions (which import torch if the dataset uses it): imported once in
+    the server, shared by every worker it forks. The fork server is one per
+    interpreter: if the program already started it, this changes nothing.
     """
     from multiprocessing import forkserver
 
     server: Any = forkserver._forkserver
     if getattr(server, "_forkserver_pid", None) is None:
         preload = [m for m in server._preload_modules if m != "__main__"]
-        context.set_forkserver_preload(
-            [*preload, *(m for m in FORKSERVER_PRELOAD if m not in preload)]
-        )
+        wanted = [*FORKSERVER_PRELOAD, *extra]
+        context.set_forkserver_preload([*preload, *(m for m in wanted if m not in preload)])
+
+
+def modules_to_preload(*objects: Any) -> list[str]:
+    """Importable modules (not ``__main__``) that define these objects or their types."""
+    names = []
+    for obj in objects:
+        if obj is None:
+            continue
+        module = getattr(obj, "__module__", None) or type(obj).__module__
+        if not isinstance(module, str):
+            module = type(obj).__module__
+        if module and module not in ("__main__", "builtins") and module not in names:
+            names.append(module)
+    return names
