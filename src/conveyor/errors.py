@@ -127,6 +127,29 @@ class WorkerCrashedError(WorkerError):
 class WorkerTimeoutError(WorkerError, TimeoutError):
     """A task took longer than the loader's ``timeout``."""
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        indices: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.indices = indices
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_with_kwargs,
+            (
+                type(self),
+                self.args,
+                {"worker_id": self.worker_id, "pid": self.pid, "indices": self.indices},
+            ),
+        )
+
 
 class WorkerStartupError(WorkerError):
     """A worker could not start: its arguments did not unpickle, or an import failed."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
+from tests.faults import START_METHODS
 from tests.helpers.leaks import LeakSnapshot, assert_no_leaks
 
-START_METHODS = ("fork", "spawn", "forkserver")
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 
 @pytest.fixture(params=START_METHODS)
@@ -16,13 +17,27 @@ def start_method(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
 @pytest.fixture(autouse=True)
-def leak_check() -> Iterator[LeakSnapshot]:
+def leak_check(request: pytest.FixtureRequest) -> Iterator[LeakSnapshot]:
     """Fail a test that leaves a process, a conveyor memfd or a /dev/shm file behind.
 
     Runs after the test function has returned, so its loaders, iterators and
-    batches are gone; processes get up to 5 s to exit.
+    batches are gone; processes get up to 5 s to exit. Skipped when the test
+    itself failed (or failed as expected): its traceback, kept for the report,
+    still holds the loader.
     """
     before = LeakSnapshot.take()
     yield before
-    assert_no_leaks(before)
+    report = request.node.stash.get(_CALL_REPORT, None)
+    if report is not None and report.passed:
+        assert_no_leaks(before)

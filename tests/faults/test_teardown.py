@@ -7,6 +7,8 @@ remains. Teardown is checked without ``gc.collect()`` where torch needs none.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import gc
 import os
 import selectors
@@ -22,7 +24,8 @@ import numpy as np
 import psutil
 import pytest
 
-from conveyor import DataLoader
+from conveyor import BatchesHeldWarning, DataLoader, WorkerCrashedError
+from tests.faults import CHEAP_METHODS
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,13 +138,6 @@ def test_persistent_workers_stop_when_the_loader_is_collected(
     _assert_torn_down(leak_check, workers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MultiprocessIterator keeps self._loader and the loader keeps _iterator "
-    "(persistent_workers): a reference cycle, so `del loader` stops the workers only "
-    "when the cyclic GC happens to run; torch stops them at once (same for every start "
-    "method: one is enough)",
-)
 def test_persistent_workers_stop_at_del_loader_like_torch() -> None:
     loader = _loader("fork", persistent_workers=True)
     workers = _take_worker_pids(iter(loader))
@@ -154,6 +150,38 @@ def test_persistent_workers_stop_at_del_loader_like_torch() -> None:
     assert not survivors, "workers still running 3 s after del:\n" + leaks.describe(survivors)
 
 
+class DiesAt5(Pids):
+    def __getitem__(self, index: int) -> int:
+        if index == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return os.getpid()
+
+
+@pytest.mark.parametrize("start_method", CHEAP_METHODS)
+@pytest.mark.parametrize("end", ["exhausted", "worker_crash"])
+def test_finished_iterator_kept_alive_holds_no_shared_memory(
+    start_method: str, end: str, leak_check: leaks.LeakSnapshot
+) -> None:
+    """An iterator that ended (exhausted, or a fatal crash) but is still referenced.
+
+    A user exception does not end an iteration (torch goes on with the next
+    batch, so do we): its workers rightly stay until the iterator goes.
+    """
+    dataset = DiesAt5(8) if end == "worker_crash" else Pids(8)
+    it = iter(
+        DataLoader(
+            dataset, num_workers=2, multiprocessing_context=start_method, max_worker_restarts=0
+        )
+    )
+    workers = _take_worker_pids(it)
+    with contextlib.suppress(WorkerCrashedError):  # a notebook keeps the traceback: keep `it`
+        collections.deque(it, maxlen=0)  # to the end, keeping no batch
+    gc.collect()
+
+    _assert_torn_down(leak_check, workers)  # the workers are gone...
+    assert leaks.memfd_maps() - leak_check.maps == frozenset()  # ...and so is their memory
+
+
 # --- batches kept alive -----------------------------------------------------------
 
 
@@ -162,10 +190,10 @@ def test_keeping_every_batch_falls_back_to_the_pipe_then_frees_all(
 ) -> None:
     loader = DataLoader(Arrays(), batch_size=1, num_workers=2, multiprocessing_context=start_method)
 
-    with pytest.warns(ResourceWarning, match="every shared-memory slot is held") as record:
+    with pytest.warns(BatchesHeldWarning, match="every shared-memory slot is held") as record:
         batches = list(loader)
 
-    assert len([w for w in record if w.category is ResourceWarning]) == 1
+    assert [w.category for w in record] == [BatchesHeldWarning]  # once, not per batch
     assert len(batches) == 200
     for index, batch in enumerate(batches):
         assert batch.shape == (1, 256)
@@ -205,10 +233,8 @@ def _read_worker_pids(child: subprocess.Popen[str]) -> list[psutil.Process]:
 
 
 def _kill_group(child: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
         os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     child.wait()
 
 

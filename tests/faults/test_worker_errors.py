@@ -1,8 +1,9 @@
 """User code that fails in a worker: the error reaches the main process intact.
 
-Every case runs under fork, spawn and forkserver; the autouse ``leak_check``
-fixture (conftest.py) then checks that nothing is left behind. Datasets live at
-module level so spawn and forkserver workers can import them.
+Every case runs under fork, spawn and forkserver (variants whose code path does
+not depend on the start method under fork and forkserver only: see ``matrix``);
+the autouse ``leak_check`` fixture (conftest.py) then checks that nothing is left
+behind. Datasets live at module level so spawn and forkserver workers import them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader, IterableDataset, UnpicklableError, WorkerError
+from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(90)
@@ -117,10 +119,10 @@ class UnsendableAt3:
         if index != 3:
             return index
         if self.what == "file":
-            return open(__file__, "rb")  # noqa: SIM115 - the point is an open file
+            return open(__file__, "rb")  # the point: an open file
         if self.what == "generator":
             return (i for i in range(3))
-        return {"index": index, "handle": open(__file__, "rb")}  # noqa: SIM115
+        return {"index": index, "handle": open(__file__, "rb")}
 
 
 class HoldsHandle:
@@ -164,7 +166,9 @@ def _note(exc: BaseException) -> str:
 # --- __getitem__ --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "num_workers"), [("KeyError", 2), ("TwoArgError", 1)])
+@pytest.mark.parametrize(
+    ("start_method", "kind", "num_workers"), matrix([("KeyError", 2), ("TwoArgError", 1)])
+)
 def test_getitem_error_keeps_its_type_and_says_where(
     start_method: str, kind: str, num_workers: int
 ) -> None:
@@ -201,11 +205,7 @@ def test_getitem_error_keeps_its_type_and_says_where(
     assert "in __getitem__" in ctx.traceback
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MultiprocessIterator.__next__ closes the pool on any exception, so the "
-    "loader stops after a user error; torch's iterator goes on with the next batch",
-)
+@pytest.mark.parametrize("start_method", CHEAP_METHODS)
 def test_loader_goes_on_after_a_worker_exception_like_torch(start_method: str) -> None:
     loader = _loader(FailsAt("KeyError", bad=5, length=8), start_method, batch_size=2)
     outcomes: list[Any] = []
@@ -224,7 +224,7 @@ def test_loader_goes_on_after_a_worker_exception_like_torch(start_method: str) -
 def test_exception_class_defined_in_a_function_arrives_by_value(start_method: str) -> None:
     loader = _loader(FailsAt("LocalError", bad=1), start_method, batch_size=2)
 
-    with pytest.raises(Exception) as info:  # noqa: B017 - its class exists only there
+    with pytest.raises(Exception) as info:  # its class exists only in the worker
         next(iter(loader))
 
     exc = info.value
@@ -237,6 +237,7 @@ def test_exception_class_defined_in_a_function_arrives_by_value(start_method: st
     assert "raise _local_error_class()" in _note(exc)
 
 
+@pytest.mark.parametrize("start_method", CHEAP_METHODS)
 def test_exception_class_that_cannot_travel_becomes_worker_error(start_method: str) -> None:
     loader = _loader(FailsAt("LockedError", bad=1), start_method, batch_size=2)
 
@@ -267,7 +268,6 @@ def test_collate_fn_error_keeps_its_type(start_method: str) -> None:
         next(it)
 
     assert str(info.value) == "cannot collate [2, 3]"
-
     ctx = info.value.conveyor_context
     assert (ctx.worker_id, ctx.stage, ctx.indices) == (0, "collate", (2, 3))
     note = _note(info.value)
@@ -284,7 +284,6 @@ def test_worker_init_fn_error_keeps_its_type(start_method: str) -> None:
         next(iter(loader))
 
     assert str(info.value) == "worker 0 cannot open the shards"
-
     ctx = info.value.conveyor_context
     assert (ctx.worker_id, ctx.stage, ctx.indices) == (0, "worker_init", ())
     assert ctx.pid > 0
@@ -293,7 +292,7 @@ def test_worker_init_fn_error_keeps_its_type(start_method: str) -> None:
     assert "in init_fails" in note
 
 
-@pytest.mark.parametrize("where", ["at_iter", "mid_way"])
+@pytest.mark.parametrize(("start_method", "where"), matrix([("mid_way",), ("at_iter",)]))
 def test_iterable_dataset_error_keeps_its_type(start_method: str, where: str) -> None:
     loader = _loader(IterFails(where), start_method, batch_size=2)
     it = iter(loader)
@@ -307,7 +306,6 @@ def test_iterable_dataset_error_keeps_its_type(start_method: str, where: str) ->
         next(it)
 
     assert str(info.value) == message
-
     assert type(info.value) is OSError
     ctx = info.value.conveyor_context
     assert (ctx.worker_id, ctx.stage, ctx.indices) == (0, "fetch", ())
@@ -318,12 +316,14 @@ def test_iterable_dataset_error_keeps_its_type(start_method: str, where: str) ->
 
 
 @pytest.mark.parametrize(
-    ("what", "batch_size", "path", "type_name"),
-    [
-        ("file", None, "sample", "_io.BufferedReader"),
-        ("generator", None, "sample", "builtins.generator"),
-        ("file_in_dict", 2, "sample[1]['handle']", "_io.BufferedReader"),
-    ],
+    ("start_method", "what", "batch_size", "path", "type_name"),
+    matrix(
+        [
+            ("file", None, "sample", "_io.BufferedReader"),
+            ("generator", None, "sample", "builtins.generator"),
+            ("file_in_dict", 2, "sample[1]['handle']", "_io.BufferedReader"),
+        ]
+    ),
 )
 def test_unpicklable_sample_raises_at_once_naming_index_and_type(
     start_method: str, what: str, batch_size: int | None, path: str, type_name: str
@@ -361,12 +361,12 @@ def test_unpicklable_sample_raises_at_once_naming_index_and_type(
         ("sqlite", "dataset.db.conn", "sqlite3.Connection"),
     ],
 )
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_unpicklable_dataset_is_named_before_workers_start(
-    method: str, what: str, path: str, type_name: str
+    start_method: str, what: str, path: str, type_name: str
 ) -> None:
     dataset = HoldsHandle(what)
-    loader = _loader(dataset, method, batch_size=2)
+    loader = _loader(dataset, start_method, batch_size=2)
     before = leaks.LeakSnapshot.take()
     try:
         with pytest.raises(UnpicklableError) as info:
@@ -379,7 +379,7 @@ def test_unpicklable_dataset_is_named_before_workers_start(
     assert isinstance(exc, TypeError)
     assert (exc.path, exc.type_name) == (path, type_name)
     message = str(exc)
-    assert f"start method '{method}'" in message
+    assert f"start method '{start_method}'" in message
     assert f"{path} is a {type_name}" in message
     assert "multiprocessing_context='fork'" in message
 
@@ -411,4 +411,3 @@ def test_closure_dataset_and_lambda_collate_work(start_method: str) -> None:
         Local(), start_method, batch_size=2, collate_fn=lambda batch: [x + 1 for x in batch]
     )
     assert list(loader) == [[1, 11], [21, 31], [41]]
-

@@ -65,6 +65,13 @@ SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
 
 
+class _UserError(Exception):
+    """Carries an exception from user code out of _next_batch (see __next__)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 @dataclass
 class _Outstanding:
     worker_id: int
@@ -93,7 +100,11 @@ class _WorkerCounters:
 
 class MultiprocessIterator:
     def __init__(self, loader: DataLoader) -> None:
-        self._loader = loader
+        # Weak: a persistent iterator is held by its loader, and a cycle would
+        # keep the workers alive after ``del loader`` until the cyclic GC runs.
+        self._loader_ref = weakref.ref(loader)
+        self._dataset_name = repr(loader.dataset)
+        self._sampler = loader.sampler
         self._num_workers = loader.num_workers
         self._prefetch = loader.prefetch_factor or 0
         self._timeout = loader.timeout
@@ -112,6 +123,7 @@ class MultiprocessIterator:
         self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
         self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
         self._recheck_at = 0.0  # when _next_wake must read the status pages again
+        self._fatal: WorkerCrashedError | None = None  # raised once earlier batches are out
         # torch iterates the index sampler once, draws the base seed, then
         # iterates it again per epoch: samplers that draw eagerly in __iter__
         # consume the RNG in that order, so do the same.
@@ -158,6 +170,9 @@ class MultiprocessIterator:
             if not self._persistent:
                 self.close()
             raise
+        except _UserError as wrapped:
+            # Like torch: the failed batch is consumed, the next one follows.
+            raise wrapped.error from None
         except BaseException:
             self.close()
             raise
@@ -168,7 +183,9 @@ class MultiprocessIterator:
     def close(self) -> None:
         """Stop the workers now (the loop ended, broke, or raised)."""
         if not self._closed:
-            self._loader._final_statistics = self.statistics()
+            loader = self._loader_ref()
+            if loader is not None:
+                loader._final_statistics = self.statistics()
         self._closed = True
         self._finalizer()
 
@@ -208,7 +225,8 @@ class MultiprocessIterator:
     # --- epochs and dispatch ----------------------------------------------
 
     def _start_epoch(self) -> None:
-        self._epoch = self._loader._next_epoch()
+        loader = self._loader_ref()
+        self._epoch = loader._next_epoch() if loader is not None else self._epoch + 1
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
         self._samples_yielded = 0
@@ -227,7 +245,7 @@ class MultiprocessIterator:
 
     def _epoch_samples(self) -> int | None:
         try:
-            return len(self._loader.sampler)
+            return len(self._sampler)
         except TypeError:
             return None
 
@@ -275,6 +293,8 @@ class MultiprocessIterator:
         while True:
             seq = self._ready_seq()
             if seq is None:
+                if self._fatal is not None:
+                    raise self._fatal  # after every batch that arrived before it
                 if not self._outstanding:
                     raise StopIteration
                 self._receive()
@@ -289,7 +309,7 @@ class MultiprocessIterator:
                 continue
             self._dispatch()
             if isinstance(message, TaskFailed):
-                raise self._task_error(message, task, done.worker)
+                raise _UserError(self._task_error(message, task, done.worker))
             if message.payload is None:
                 continue  # every sample of this batch was skipped
             return self._decode(message, done.worker)
@@ -323,7 +343,11 @@ class MultiprocessIterator:
                     self._handle_message(by_conn[obj])
             for obj in ready:
                 if obj in by_sentinel:
-                    self._recover(by_sentinel[obj])
+                    try:
+                        self._recover(by_sentinel[obj])
+                    except WorkerCrashedError as exc:
+                        self._fatal = exc
+                        return
             return
 
     def _running(self) -> list[tuple[Worker, WorkerStatus]]:
@@ -661,7 +685,10 @@ class MultiprocessIterator:
             f"(pid {worker.pid}) has been on {doing} for {status.age_s:.1f} s, in stage "
             f"{status.stage.value}. Fix: find what blocks it (a slow disk or network read, a "
             "lock), raise timeout, or pass on_timeout='restart' to kill the stuck worker "
-            "and retry." + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else "")
+            "and retry." + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else ""),
+            worker_id=worker.worker_id,
+            pid=worker.pid,
+            indices=indices,
         )
 
     # --- errors ------------------------------------------------------------
@@ -776,7 +803,7 @@ class MultiprocessIterator:
     def _check_iterable_length(self) -> None:
         if self._len_hint is not None and self._num_yielded > self._len_hint:
             warnings.warn(
-                f"Length of IterableDataset {self._loader.dataset} was reported to be "
+                f"Length of IterableDataset {self._dataset_name} was reported to be "
                 f"{self._len_hint} (when accessing len(dataloader)), but {self._num_yielded} "
                 "samples have been fetched. For multiprocessing data-loading, this could be "
                 "caused by not properly configuring the IterableDataset replica at each "

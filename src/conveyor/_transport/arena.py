@@ -123,6 +123,11 @@ class MainArena:
         for slot in slots:
             self.view(slot)
 
+    def drop_maps(self) -> None:
+        """Forget our maps (the pool is closed): batches still alive keep their own."""
+        self._maps.clear()
+        self.status_page = memoryview(bytes(PAGE))
+
     def close(self) -> None:
         """Close the fd; maps already made stay valid (closing an fd does not unmap)
         and go with this object, or with the last array that uses them."""

@@ -52,7 +52,13 @@ class Worker:
         return self.process.pid
 
     def send(self, task: Task) -> None:
-        self.tasks.send(task)
+        """Send a task; to a worker that just died, it is simply lost.
+
+        The caller keeps every task it sent as outstanding until answered, and
+        the worker's sentinel leads to a replacement that gets it again.
+        """
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.tasks.send(task)
 
     def take_releases(self) -> tuple[int, ...]:
         if not self.pending_releases:
@@ -145,6 +151,7 @@ class WorkerPool:
         _escalate([w.process for w in self.workers])
         for worker in self.workers:
             _release(worker)
+            worker.arena.drop_maps()
         if self._setup is not None:
             os.close(self._setup)
             self._setup = None
