@@ -14,7 +14,7 @@ class SkippedSample:
 
     index: Any  # the dataset index
     epoch: int
-    worker_id: int
+    worker_id: int | None  # None: fetched in the main process (num_workers=0)
     stage: str  # "fetch", "collate", "transfer", or "crash" (it killed its worker)
     exception_type: str  # e.g. "PIL.UnidentifiedImageError", or "WorkerCrashedError"
     message: str

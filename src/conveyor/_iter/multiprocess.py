@@ -51,10 +51,11 @@ from ..errors import (
     add_note,
     attach_worker_context,
 )
-from ..records import InFlightTask, LoaderStatistics, SkippedSample, WorkerStatistics
+from ..records import InFlightTask, LoaderStatistics, WorkerStatistics
 from ..sampling import draw_base_seed
 from .pinning import pin_batch
 from .policy import SupervisionPolicy
+from .skips import SkipLedger
 
 if TYPE_CHECKING:
     from ..loader import DataLoader
@@ -118,7 +119,7 @@ class MultiprocessIterator:
         self._warned_inline = False
         self._restarts = 0
         self._retried = 0
-        self._skipped: list[SkippedSample] = loader._skipped_log
+        self._skips = SkipLedger(loader._skipped_log, self._policy)
         self._batch_time = 0.0  # moving average of a task's time in a worker
         self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
         self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
@@ -166,7 +167,7 @@ class MultiprocessIterator:
         try:
             batch = self._next_batch()
         except StopIteration:
-            self._log_epoch_summary()
+            self._skips.log_epoch_summary()
             if not self._persistent:
                 self.close()
             raise
@@ -217,7 +218,7 @@ class MultiprocessIterator:
             samples=self._samples_yielded,
             worker_restarts=self._restarts,
             tasks_retried=self._retried,
-            samples_skipped=len(self._skipped),
+            samples_skipped=len(self._skips.records),
             in_flight=in_flight,
             workers=workers,
         )
@@ -238,8 +239,7 @@ class MultiprocessIterator:
         self._tasks_per_worker = [0] * self._num_workers  # sent, not yet handed out
         self._cycle = itertools.cycle(range(self._num_workers))
         self._sampler_done = False
-        self._epoch_skipped_from = len(self._skipped)
-        self._error_budget = self._policy.error_budget(self._epoch_samples())
+        self._skips.start_epoch(self._epoch, self._epoch_samples())
         for _ in range(self._prefetch * self._num_workers):
             self._dispatch()
 
@@ -279,13 +279,8 @@ class MultiprocessIterator:
 
     def _known_poison(self, index: Any) -> tuple[Any, ...]:
         """Samples that killed workers earlier: left out again, without a crash."""
-        if not self._poison or self._iterable:
-            return ()
-        return tuple(i for i in _indices(index, False) if i in self._poison)
-
-    @property
-    def _poison(self) -> set[Any]:
-        return {s.index for s in self._skipped if s.stage == "crash"}
+        poison = self._skips.poison() if not self._iterable else ()
+        return tuple(i for i in _indices(index, False) if i in poison) if poison else ()
 
     # --- receiving -------------------------------------------------------
 
@@ -396,6 +391,8 @@ class MultiprocessIterator:
             return False  # it died; its sentinel tells the rest
         if isinstance(message, Ready):
             worker.ready = True
+            # A replacement that starts fine ends a run of start-up deaths.
+            self._counters[worker.worker_id].init_crashes = 0
         elif isinstance(message, StartupFailed):
             raise self._startup_error(worker, message)
         elif isinstance(message, (BatchDone, TaskFailed, IterationEnded)):
@@ -433,22 +430,15 @@ class MultiprocessIterator:
     ) -> None:
         for failure in failures:
             error = failure.error
-            self._skipped.append(
-                SkippedSample(
-                    index=failure.index,
-                    epoch=self._epoch,
-                    worker_id=worker.worker_id,
-                    stage=failure.stage.value,
-                    exception_type=f"{error.module}.{error.qualname}",
-                    message=error.message,
-                )
+            self._skips.record(
+                failure.index,
+                worker.worker_id,
+                failure.stage.value,
+                f"{error.module}.{error.qualname}",
+                error.message,
             )
-        self._check_error_budget(lambda: self._skip_budget_error(failures[-1], worker, message))
-
-    def _check_error_budget(self, make_error: Any) -> None:
-        lost = len(self._skipped) - self._epoch_skipped_from
-        if self._error_budget is not None and lost > self._error_budget:
-            raise make_error()
+        if self._skips.over_budget():
+            raise self._skip_budget_error(failures[-1], worker, message)
 
     def _skip_budget_error(
         self, failure: SampleFailed, worker: Worker, message: BatchDone
@@ -464,17 +454,8 @@ class MultiprocessIterator:
             seq=message.seq,
         )
         attach_worker_context(exc, context)
-        add_note(exc, self._budget_note())
+        add_note(exc, self._skips.budget_note())
         return exc
-
-    def _budget_note(self) -> str:
-        lost = len(self._skipped) - self._epoch_skipped_from
-        return (
-            f"on_error='skip' gave up: {lost} samples skipped in epoch {self._epoch}, more than "
-            f"max_errors={self._policy.max_errors!r} allows ({self._error_budget} samples). "
-            "The skipped samples are in loader.skipped_samples. Fix the dataset, or raise "
-            "max_errors if losing them is acceptable."
-        )
 
     # --- dead workers ------------------------------------------------------
 
@@ -613,24 +594,17 @@ class MultiprocessIterator:
             (poison,) if poison is not None else tuple(i for i in indices if i not in task.exclude)
         )
         for index in lost:
-            self._skipped.append(
-                SkippedSample(
-                    index,
-                    self._epoch,
-                    worker.worker_id,
-                    "crash",
-                    "conveyor.errors.WorkerCrashedError",
-                    why,
-                )
+            self._skips.record(
+                index, worker.worker_id, "crash", "conveyor.errors.WorkerCrashedError", why
             )
         if poison is not None:
             task.exclude = (*task.exclude, poison)
             task.crashes = 0
         else:  # nothing left to retry: settle the task as an empty batch
             self._results[culprit] = _Done(BatchDone(self._epoch, culprit, None), worker)
-        self._check_error_budget(
-            lambda: self._crash_error(worker, status, held, culprit, note=self._budget_note())
-        )
+        if self._skips.over_budget():
+            note = self._skips.budget_note()
+            raise self._crash_error(worker, status, held, culprit, note=note)
 
     # --- stalls and timeouts --------------------------------------------
 
@@ -782,22 +756,6 @@ class MultiprocessIterator:
             ".copy() the part you keep).",
             BatchesHeldWarning,
             stacklevel=4,
-        )
-
-    def _log_epoch_summary(self) -> None:
-        skipped = self._skipped[self._epoch_skipped_from :]
-        if not skipped:
-            return
-        shown = ", ".join(
-            f"{s.index!r} ({s.exception_type.rsplit('.', 1)[-1]})" for s in skipped[:10]
-        )
-        log.warning(
-            "Epoch %d: skipped %d sample(s) under on_error='skip': %s%s. "
-            "All are in loader.skipped_samples.",
-            self._epoch,
-            len(skipped),
-            shown,
-            ", ..." if len(skipped) > 10 else "",
         )
 
     def _check_iterable_length(self) -> None:

@@ -36,7 +36,8 @@ class SupervisionPolicy:
     on_timeout: str = "raise"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_worker_restarts, int) or self.max_worker_restarts < 0:
+        restarts = self.max_worker_restarts
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
             raise ConfigError(
                 f"max_worker_restarts must be an int >= 0, got {self.max_worker_restarts!r}"
             )
@@ -45,7 +46,7 @@ class SupervisionPolicy:
         if self.on_timeout not in ON_TIMEOUT:
             raise ConfigError(f"on_timeout must be one of {ON_TIMEOUT}, got {self.on_timeout!r}")
         budget = self.max_errors
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        if not _is_number(budget) or not budget >= 0:  # "not >=" also rejects NaN
             raise ConfigError(
                 "max_errors must be a count (int >= 0) or a fraction of the epoch "
                 f"(0 <= float < 1), got {budget!r}"
@@ -55,7 +56,8 @@ class SupervisionPolicy:
                 f"max_errors as a float is a fraction of the epoch and must be < 1, got {budget!r}"
                 f" (for a count, pass an int: max_errors={int(budget)})"
             )
-        if self.stall_warning is not None and not self.stall_warning > 0:
+        stall = self.stall_warning
+        if stall is not None and not (_is_number(stall) and stall > 0 and math.isfinite(stall)):
             raise ConfigError(
                 f"stall_warning must be > 0 seconds or None, got {self.stall_warning!r}"
             )
@@ -67,3 +69,7 @@ class SupervisionPolicy:
         if epoch_samples is None:
             return None
         return math.ceil(self.max_errors * epoch_samples)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
