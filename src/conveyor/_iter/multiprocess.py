@@ -271,6 +271,21 @@ class MultiprocessIterator:
         seq = self._next_seq
         self._next_seq += 1
         exclude = self._known_poison(index)
+        for poison in exclude:  # left out again: recorded again, for this epoch
+            self._skips.record(
+                poison,
+                worker_id,
+                "crash",
+                "conveyor.errors.WorkerCrashedError",
+                "killed its worker in an earlier epoch; left out without trying again",
+            )
+        if exclude and self._skips.over_budget():
+            raise WorkerCrashedError(
+                f"Dataset indices {_short(exclude)} killed their workers in an earlier epoch "
+                f"and are left out again. {self._skips.budget_note()}",
+                worker_id=worker_id,
+                indices=exclude,
+            )
         worker.send(Task(self._epoch, seq, index, worker.take_releases(), exclude=exclude))
         self._outstanding[seq] = _Outstanding(
             worker_id, index, time.monotonic(), exclude=exclude, timed=worker.ready

@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import mmap
 import os
+import pickle
 import random
 import signal
 from collections.abc import Callable
@@ -184,7 +185,10 @@ def _run(
         status.stage(stage)
         return BatchDone(task.epoch, task.seq, encoder.encode(batch), tuple(skipped))
     except Exception as exc:
-        if stage is Stage.TRANSFER and not isinstance(exc, MemoryError):
+        if stage is Stage.TRANSFER and isinstance(exc, (pickle.PicklingError, TypeError)):
+            # Pickling failures get the culprit's path; UnpicklableError is both
+            # of these types, so nothing the user catches changes. Any other
+            # exception (one a __reduce__ raised itself) keeps its own type.
             exc = _explain_unsendable(batch, exc, task.index)
         if skip_errors and indices:
             # The whole batch goes: record each of its samples with the error.

@@ -1,0 +1,352 @@
+"""One table of faults: what goes wrong, by where it happens, by start method.
+
+Faults (rows):
+
+* ``raise``: user code raises ``InjectedError``;
+* ``SIGKILL``, ``SIGSEGV`` (``ctypes.string_at(0)``), ``exit3`` (``os._exit(3)``): the
+  worker dies;
+* ``hang``: ``time.sleep(60)``, with ``timeout=2`` and either ``on_timeout="restart"``
+  (the stuck worker is killed and its task retried) or the default ``"raise"``.
+
+Stages (columns): ``worker_init`` (``worker_init_fn``), ``fetch`` (``__getitem__`` of
+dataset index 3), ``collate`` (``collate_fn`` of the batch holding index 3) and
+``transfer`` (pickling the batch back: sample 3's ``__reduce__``, which runs in the
+worker while the batch is pickled).
+
+Each deadly fault runs twice: **once** (the faulting process creates a marker file in
+``tmp_path`` first, and a fault whose marker exists does not fire, so the retry
+succeeds) and **always**. Outcomes asserted:
+
+* once → recovered: every dataset index exactly once and in order, one
+  ``WorkerRestartedWarning`` naming the signal or exit code and the stage, one restart
+  in ``loader.statistics()``;
+* always → the named error: ``WorkerCrashedError`` naming the dataset index (fetch),
+  the batch (collate, transfer) or ``worker_init``, after one restart warning;
+* ``raise`` is never retried (torch's semantics: the error is the answer), so it has one
+  mode: the same exception type, with the worker, stage, indices and worker traceback
+  in ``conveyor_context``, and (after a task's error) the loop goes on with the next
+  batch, as torch's does.
+* ``hang`` without restart → ``WorkerTimeoutError`` with the stage and the worker's stack.
+
+The dataset has 8 samples, ``batch_size=2``, 1 worker: batch 1 is ``[2, 3]``.
+The autouse ``leak_check`` fixture (conftest.py) asserts after every case that no
+process, conveyor memfd or /dev/shm file outlived it.
+
+Which cells run: all 40 under ``fork`` (a fork worker starts in milliseconds). Under
+``spawn`` (each worker imports torch, 1-3 s) and ``forkserver`` (cheap after its
+server starts, but the same code as spawn in the worker) the cells whose code path
+depends on how the worker was started: SIGKILL (once and always) and raise at every
+stage, plus one hang (fetch, restart, once). SIGSEGV and exit codes differ from SIGKILL
+only in the exit status, which the sentinel reports the same way under every start
+method; the hang cells cost 2-5 s each, so one per method shows that the stack dump and
+kill work there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor import (
+    DataLoader,
+    WorkerCrashedError,
+    WorkerRestartedWarning,
+    WorkerTimeoutError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+STAGES = ("worker_init", "fetch", "collate", "transfer")
+DEADLY = ("SIGKILL", "SIGSEGV", "exit3", "hang")
+BAD = 3  # the dataset index that faults; batch 1 = [2, 3]
+ALL_INDICES = [[0, 1], [2, 3], [4, 5], [6, 7]]
+TIMEOUT = 2
+
+EXIT_TEXT = {
+    "SIGKILL": "killed by signal SIGKILL (-9)",
+    "SIGSEGV": "killed by signal SIGSEGV (-11)",
+    "exit3": "exit code 3",
+    "hang": f"past timeout={TIMEOUT}, so conveyor killed it",
+}
+EXIT_CODE = {"SIGKILL": -9, "SIGSEGV": -11, "exit3": 3, "hang": -9}
+
+
+class InjectedError(Exception):
+    """What the ``raise`` fault raises."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault and when it fires: ``marker`` empty → always; else only while it is absent."""
+
+    how: str
+    marker: str = ""
+
+    def fire(self) -> None:
+        if self.marker:
+            if os.path.exists(self.marker):
+                return
+            Path(self.marker).touch()  # before dying: the retry must see it
+        if self.how == "raise":
+            raise InjectedError(f"injected fault at dataset index {BAD}")
+        if self.how == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.how == "SIGSEGV":
+            faulthandler.disable()  # pytest's, inherited by fork: keep the output clean
+            ctypes.string_at(0)
+        elif self.how == "exit3":
+            os._exit(3)
+        elif self.how == "hang":
+            time.sleep(60)
+
+
+class Token:
+    """A sample; pickling it (sending the batch back) fires ``fault`` if it has one."""
+
+    def __init__(self, value: int, fault: Fault | None = None) -> None:
+        self.value = value
+        self.fault = fault
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.fault is not None:
+            self.fault.fire()
+        return (Token, (self.value,))
+
+
+class Samples:
+    """``dataset[i]`` is ``Token(i)``; index ``BAD`` faults in fetch or in transfer."""
+
+    def __init__(self, fault: Fault | None, stage: str, length: int = 8) -> None:
+        self.fault = fault
+        self.stage = stage
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Token:
+        if index == BAD and self.fault is not None:
+            if self.stage == "fetch":
+                self.fault.fire()
+            elif self.stage == "transfer":
+                return Token(index, self.fault)
+        return Token(index)
+
+
+@dataclass(frozen=True)
+class Collate:
+    """Keeps the batch a list of tokens; faults on the batch holding ``BAD``."""
+
+    fault: Fault | None = None
+
+    def __call__(self, batch: list[Token]) -> list[Token]:
+        if self.fault is not None and any(t.value == BAD for t in batch):
+            self.fault.fire()
+        return list(batch)
+
+
+@dataclass(frozen=True)
+class WorkerInit:
+    fault: Fault
+
+    def __call__(self, worker_id: int) -> None:
+        self.fault.fire()
+
+
+def _loader(how: str, stage: str, start_method: str, marker: str = "", **kwargs: Any) -> DataLoader:
+    fault = Fault(how, marker)
+    return DataLoader(
+        Samples(fault, stage),
+        batch_size=2,
+        num_workers=1,
+        multiprocessing_context=start_method,
+        collate_fn=Collate(fault if stage == "collate" else None),
+        worker_init_fn=WorkerInit(fault) if stage == "worker_init" else None,
+        **kwargs,
+    )
+
+
+def _values(batch: list[Token]) -> list[int]:
+    return [t.value for t in batch]
+
+
+def _hang_options(how: str, on_timeout: str = "restart") -> dict[str, Any]:
+    return {"timeout": TIMEOUT, "on_timeout": on_timeout} if how == "hang" else {}
+
+
+def _where(stage: str) -> str:
+    """How the crash message says where the worker was."""
+    if stage == "worker_init":
+        return "during worker_init"
+    return f"during {stage} of batch 1 (dataset indices [2, 3])"
+
+
+# --- which cells run ------------------------------------------------------------
+
+EXPENSIVE_METHODS = ("forkserver", "spawn")
+
+
+def _deadly_cells() -> list[Any]:
+    cells = [("fork", how, stage) for how in DEADLY for stage in STAGES]
+    cells += [(m, "SIGKILL", stage) for m in EXPENSIVE_METHODS for stage in STAGES]
+    return [pytest.param(*cell, id="-".join(cell)) for cell in cells]
+
+
+def _raise_cells() -> list[Any]:
+    cells = [
+        pytest.param(m, stage, id=f"{m}-raise-{stage}")
+        for m in ("fork", *EXPENSIVE_METHODS)
+        for stage in STAGES
+        if stage != "transfer"
+    ]
+    cells.append(pytest.param("fork", "transfer", id="fork-raise-transfer"))
+    return cells
+
+
+# --- once: recovered ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start_method", "how", "stage"),
+    [
+        *_deadly_cells(),
+        *(pytest.param(m, "hang", "fetch", id=f"{m}-hang-fetch") for m in EXPENSIVE_METHODS),
+    ],
+)
+def test_fault_once_is_recovered(start_method: str, how: str, stage: str, tmp_path: Path) -> None:
+    marker = tmp_path / "fired"
+    loader = _loader(how, stage, start_method, str(marker), **_hang_options(how))
+
+    with pytest.warns(WorkerRestartedWarning) as record:
+        batches = [_values(b) for b in loader]
+
+    assert marker.exists()  # the fault did fire
+    assert batches == ALL_INDICES  # every index once, in order
+    assert [type(w.message) for w in record] == [WorkerRestartedWarning]
+    message = str(record[0].message)
+    assert "DataLoader worker 0 (pid " in message
+    assert EXIT_TEXT[how] in message
+    assert _where(stage) in message
+    assert "restart 1 of 3" in message
+    stats = loader.statistics()
+    assert stats is not None
+    assert stats.worker_restarts == 1
+    assert stats.tasks_retried >= 1
+    assert stats.samples_skipped == 0
+    assert stats.workers[0].restarts == 1
+
+
+# --- always: the named error -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("start_method", "how", "stage"), _deadly_cells())
+def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
+    loader = _loader(how, stage, start_method, **_hang_options(how))
+    received = []
+
+    with (
+        pytest.warns(WorkerRestartedWarning) as record,
+        pytest.raises(WorkerCrashedError) as info,
+    ):
+        for batch in loader:
+            received.append(_values(batch))
+
+    assert [type(w.message) for w in record] == [WorkerRestartedWarning]
+    assert EXIT_TEXT[how] in str(record[0].message)
+    exc = info.value
+    message = str(exc)
+    assert (exc.worker_id, exc.exitcode) == (0, EXIT_CODE[how])
+    assert f"DataLoader worker 0 (pid {exc.pid}) exited unexpectedly" in message
+    assert EXIT_TEXT[how] in message
+    assert _where(stage) in message
+    if stage == "worker_init":
+        assert received == []
+        assert "It died the same way in its replacement" in message
+    else:
+        assert received == ALL_INDICES[:1]
+        assert BAD in exc.indices
+        if stage == "fetch":
+            assert f"Dataset index {BAD} killed its worker twice" in message
+        else:
+            assert "This batch killed its worker twice" in message
+
+
+# --- raise: same type, where it happened ---------------------------------------------
+
+
+def _raised(it: Any) -> BaseException:
+    """``next(it)``'s exception, without its traceback: a failed assertion on it must not
+    keep the iterator's frames (and its workers' memory maps) alive past the leak check."""
+    try:
+        next(it)
+    except Exception as exc:
+        exc.__traceback__ = None
+        return exc
+    raise AssertionError("next() did not raise")
+
+
+@pytest.mark.parametrize(("start_method", "stage"), _raise_cells())
+def test_raise_keeps_its_type_and_says_where(start_method: str, stage: str) -> None:
+    it = iter(_loader("raise", stage, start_method))
+    received = [] if stage == "worker_init" else [_values(next(it))]
+    exc = _raised(it)
+    if stage != "worker_init":  # like torch, the loop goes on with the next batch
+        received += [_values(b) for b in it]
+    del it
+
+    assert received == ([] if stage == "worker_init" else [ALL_INDICES[0], *ALL_INDICES[2:]])
+    assert isinstance(exc, InjectedError), repr(exc)
+    assert str(exc) == f"injected fault at dataset index {BAD}"
+    context = exc.conveyor_context  # type: ignore[attr-defined]
+    assert (context.worker_id, context.stage) == (0, stage)
+    assert context.indices == (() if stage == "worker_init" else (2, 3))
+    assert "in fire" in context.traceback
+    assert "InjectedError: injected fault" in context.traceback
+
+
+@pytest.mark.parametrize("start_method", ["fork", *EXPENSIVE_METHODS])
+def test_raise_while_sending_is_reported_at_once(start_method: str) -> None:
+    it = iter(_loader("raise", "transfer", start_method))
+    assert _values(next(it)) == ALL_INDICES[0]
+
+    exc = _raised(it)  # InjectedError, whatever the stage
+    del it
+
+    context = exc.conveyor_context  # type: ignore[attr-defined]
+    assert (context.worker_id, context.stage, context.indices) == (0, "transfer", (2, 3))
+    assert f"InjectedError: injected fault at dataset index {BAD}" in context.traceback
+    assert "in __reduce__" in context.traceback
+
+
+# --- hang without restart: WorkerTimeoutError ----------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_hang_without_restart_times_out(stage: str) -> None:
+    loader = _loader("hang", stage, "fork", **_hang_options("hang", on_timeout="raise"))
+    received = []
+    started = time.monotonic()
+
+    with pytest.raises(WorkerTimeoutError) as info:
+        for batch in loader:
+            received.append(_values(batch))
+
+    assert time.monotonic() - started < 30  # not the 60 s sleep
+    message = str(info.value)
+    assert f"DataLoader timed out after {TIMEOUT} seconds: worker 0 (pid " in message
+    assert f"in stage {stage}" in message
+    assert "The worker's current Python stack" in message
+    assert "in fire" in message  # the stack shows where it sleeps
+    if stage == "worker_init":
+        assert received == []
+    else:
+        assert received == ALL_INDICES[:1]
+        assert "batch 1 (dataset indices [2, 3])" in message
