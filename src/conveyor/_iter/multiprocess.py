@@ -339,6 +339,16 @@ class MultiprocessIterator:
         the stall threshold, measured from the worker's status page (time the
         task has actually been running, not queued or waiting for start-up).
         """
+        expected = self._outstanding.get(self._rcvd_seq) if self._in_order else None
+        if expected is not None:
+            # The common case: the worker holding the next batch has already
+            # answered. A zero-timeout poll of its pipe is far cheaper than
+            # wait(), which builds a selector over every pipe and sentinel.
+            worker = self._workers[expected.worker_id]
+            # (EOF polls readable too: a dead worker falls through to wait(),
+            # where its sentinel is seen.)
+            if worker.results.poll() and self._handle_message(worker):
+                return
         while True:
             by_conn = {w.results: w for w in self._workers}
             by_sentinel = {w.process.sentinel: w for w in self._workers}
