@@ -90,65 +90,41 @@ class WorkerError(ConveyorError, RuntimeError):
     """A worker process died, hung, or could not start."""
 
 
-class WorkerCrashedError(WorkerError):
+class _NamesWorker(WorkerError):
+    """A worker error that also carries, as attributes, which worker and indices."""
+
+    _facts: tuple[str, ...] = ("worker_id", "pid", "indices")
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        indices: tuple[Any, ...] = (),
+        **more: Any,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.indices = indices
+        for name, value in more.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        facts = {name: getattr(self, name) for name in self._facts}
+        return (_rebuild_with_kwargs, (type(self), self.args, facts))
+
+
+class WorkerCrashedError(_NamesWorker):
     """A worker process exited without being asked to (a signal or an exit code)."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        worker_id: int | None = None,
-        pid: int | None = None,
-        exitcode: int | None = None,
-        indices: tuple[Any, ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.exitcode = exitcode
-        self.indices = indices
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_with_kwargs,
-            (
-                type(self),
-                self.args,
-                {
-                    "worker_id": self.worker_id,
-                    "pid": self.pid,
-                    "exitcode": self.exitcode,
-                    "indices": self.indices,
-                },
-            ),
-        )
+    _facts = (*_NamesWorker._facts, "exitcode")
+    exitcode: int | None = None
 
 
-class WorkerTimeoutError(WorkerError, TimeoutError):
+class WorkerTimeoutError(_NamesWorker, TimeoutError):
     """A task took longer than the loader's ``timeout``."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        worker_id: int | None = None,
-        pid: int | None = None,
-        indices: tuple[Any, ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.indices = indices
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_with_kwargs,
-            (
-                type(self),
-                self.args,
-                {"worker_id": self.worker_id, "pid": self.pid, "indices": self.indices},
-            ),
-        )
 
 
 class WorkerStartupError(WorkerError):

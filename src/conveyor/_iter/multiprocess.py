@@ -495,30 +495,22 @@ class MultiprocessIterator:
             if t.worker_id == worker.worker_id and seq not in self._results
         )
         culprit = self._culprit(status, held)
+
+        def give_up(note: str) -> WorkerCrashedError:
+            return self._crash_error(worker, status, held, culprit, note=note)
+
         if self._iterable:
-            raise self._crash_error(
-                worker,
-                status,
-                held,
-                culprit,
-                note=(
-                    "An iterable-style dataset's iterator cannot be resumed in a new process, "
-                    "so conveyor does not restart workers for it."
-                ),
+            raise give_up(
+                "An iterable-style dataset's iterator cannot be resumed in a new process, "
+                "so conveyor does not restart workers for it."
             )
         counters = self._counters[worker.worker_id]
         if status.stage in (Stage.STARTUP, Stage.WORKER_INIT):
             counters.init_crashes += 1
             if counters.init_crashes >= 2:
-                raise self._crash_error(
-                    worker,
-                    status,
-                    held,
-                    culprit,
-                    note=(
-                        "It died the same way in its replacement, before any task: this is not "
-                        "a passing failure."
-                    ),
+                raise give_up(
+                    "It died the same way in its replacement, before any task: this is not "
+                    "a passing failure."
                 )
         if culprit is not None:
             task = self._outstanding[culprit]
@@ -526,15 +518,9 @@ class MultiprocessIterator:
             if task.crashes >= 2:
                 self._handle_poison(worker, status, held, culprit, task)
         if self._restarts >= self._policy.max_worker_restarts:
-            raise self._crash_error(
-                worker,
-                status,
-                held,
-                culprit,
-                note=(
-                    f"The restart budget is spent (max_worker_restarts="
-                    f"{self._policy.max_worker_restarts}); raise it to tolerate more crashes."
-                ),
+            raise give_up(
+                f"The restart budget is spent (max_worker_restarts="
+                f"{self._policy.max_worker_restarts}); raise it to tolerate more crashes."
             )
         self._restarts += 1
         counters.restarts += 1
