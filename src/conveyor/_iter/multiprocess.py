@@ -665,6 +665,7 @@ class MultiprocessIterator:
             worker.process.join()
             self._recover(worker)
             return True
+        self._pool.kill(worker)  # known stuck: teardown need not wait for it to stop
         raise WorkerTimeoutError(
             f"DataLoader timed out after {self._timeout} seconds: worker {worker.worker_id} "
             f"(pid {worker.pid}) has been on {doing} for {status.age_s:.1f} s, in stage "
