@@ -5,12 +5,15 @@ from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
 
 from .collate import default_collate, default_convert, numpy_collate
 from .dataset import Dataset, IterableDataset
+from .diagnostics.findings import Finding, Report, Severity
+from .diagnostics.preflight import check
 from .errors import (
     BatchesHeldWarning,
     CollateError,
     ConfigError,
     ConveyorError,
     ConveyorWarning,
+    PreflightWarning,
     SharedMemoryExhaustedError,
     UnpicklableError,
     WorkerCrashedError,
@@ -22,6 +25,7 @@ from .errors import (
 )
 from .loader import DataLoader
 from .records import InFlightTask, LoaderStatistics, SkippedSample, WorkerStatistics
+from .resources import PerWorker, per_worker
 from .sampling import (
     BatchSampler,
     RandomSampler,
@@ -30,6 +34,7 @@ from .sampling import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from .shared_list import SharedList
 from .worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
@@ -43,12 +48,18 @@ __all__ = [
     "ConveyorWarning",
     "DataLoader",
     "Dataset",
+    "Finding",
     "InFlightTask",
     "IterableDataset",
     "LoaderStatistics",
+    "PerWorker",
+    "PreflightWarning",
     "RandomSampler",
+    "Report",
     "Sampler",
     "SequentialSampler",
+    "Severity",
+    "SharedList",
     "SharedMemoryExhaustedError",
     "SkippedSample",
     "SubsetRandomSampler",
@@ -62,8 +73,10 @@ __all__ = [
     "WorkerStartupError",
     "WorkerStatistics",
     "WorkerTimeoutError",
+    "check",
     "default_collate",
     "default_convert",
     "get_worker_info",
     "numpy_collate",
+    "per_worker",
 ]

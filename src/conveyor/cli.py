@@ -1,4 +1,5 @@
-"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput)."""
+"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput) and
+``doctor`` (check and measure a dataset, and say what to change)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench)
     bench.set_defaults(handler=run)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check a dataset, measure it, and say what to change",
+        description="Import MODULE:OBJECT (a dataset, a function returning one, or a "
+        "DataLoader), run conveyor.check, time samples and batches at a few worker counts, "
+        "and print advice. Exit status: 0 no errors, 1 errors found, 2 bad target.",
+    )
+    from conveyor import doctor as doctor_command
+
+    doctor_command.add_arguments(doctor)
+    doctor.set_defaults(handler=doctor_command.run)
     return parser
 
 

@@ -23,7 +23,8 @@ Warnings (the loader keeps going)::
     ConveyorWarning (RuntimeWarning)
     ├── WorkerRestartedWarning                a worker died; it was replaced and its tasks re-sent
     ├── WorkerStallWarning                    a task runs far longer than usual: its stack
-    └── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
+    ├── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
+    └── PreflightWarning                      a hazard found before the workers started: the fix
 
 Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
 ``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
+    "PreflightWarning",
     "SharedMemoryExhaustedError",
     "UnpicklableError",
     "WorkerContext",
@@ -76,6 +78,14 @@ class WorkerStallWarning(ConveyorWarning):
 
 class BatchesHeldWarning(ConveyorWarning):
     """Every shared-memory slot of a worker is held by live batches: copying instead."""
+
+
+class PreflightWarning(ConveyorWarning):
+    """A pre-flight check found a hazard before the workers started (a handle forked
+    workers would share, a huge list each worker copies...). ``finding`` has its details.
+    """
+
+    finding: Any = None  # the conveyor.Finding: code, severity, where, what, why, fix
 
 
 class ConveyorError(Exception):

@@ -20,6 +20,7 @@ from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.policy import SupervisionPolicy
 from .dataset import is_iterable_dataset
+from .diagnostics.preflight import run_automatic
 from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
@@ -42,6 +43,16 @@ class DataLoader:
     defaults and semantics. Batches hold torch tensors when torch is
     installed (exactly as torch's ``default_collate`` builds them), NumPy
     arrays otherwise.
+
+    conveyor's own options are keyword-only. Those about failures are described
+    in ``SupervisionPolicy``. ``preflight`` (default True): on the first iteration
+    with workers, check the dataset, ``collate_fn`` and ``worker_init_fn`` for what
+    breaks in workers (a file or database connection that forked workers would
+    share, an object spawn cannot pickle, a huge Python list every worker copies,
+    threads or CUDA before fork, a low open-file limit). An error is raised before
+    any worker starts; a warning is a ``PreflightWarning``, once per loader. The
+    checks take a few milliseconds; ``preflight=False`` skips them.
+    ``conveyor.check(loader)`` prints the full report.
     """
 
     _initialized = False
@@ -71,6 +82,7 @@ class DataLoader:
         max_errors: int | float = 0.01,
         stall_warning: float | None = 60.0,
         on_timeout: str = "raise",
+        preflight: bool = True,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -109,6 +121,9 @@ class DataLoader:
             stall_warning=stall_warning,
             on_timeout=on_timeout,
         )
+        if not isinstance(preflight, bool):
+            raise ConfigError(f"preflight must be True or False, got {preflight!r}")
+        self._preflight_pending = preflight  # checked on the first iteration with workers
         self._is_iterable = is_iterable_dataset(dataset)
         self._last_iterator: weakref.ref[Any] | None = None
         self._skipped_log: list[SkippedSample] = []  # appended to by the iterators
@@ -226,6 +241,9 @@ class DataLoader:
 
     def __iter__(self) -> InlineIterator | MultiprocessIterator:
         iterator: InlineIterator | MultiprocessIterator
+        if self.num_workers > 0 and self._preflight_pending:
+            run_automatic(self)  # raises an ERROR before any worker starts, warns once
+            self._preflight_pending = False
         if self.num_workers == 0:
             iterator = InlineIterator(self)
         elif self.prefetch_factor == 0:

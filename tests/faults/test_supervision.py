@@ -379,6 +379,10 @@ def test_statistics_after_a_restart(tmp_path: Path) -> None:
     loader = _loader(Flaky(8, kill={3}, marker_dir=str(tmp_path)), num_workers=2)
     assert loader.statistics() is None  # before the first iteration
     it = iter(loader)
+    started = loader.statistics()
+    assert started is not None
+    # Taken before any next(): worker 1 may die (and be replaced) during the first.
+    first_pids = [w.pid for w in started.workers]
     assert next(it) == [0, 1]
 
     during = loader.statistics()
@@ -387,7 +391,6 @@ def test_statistics_after_a_restart(tmp_path: Path) -> None:
     assert during.in_flight  # the prefetched batches
     assert all(t.age_s >= 0 for t in during.in_flight)
     assert [t.seq for t in during.in_flight] == sorted(t.seq for t in during.in_flight)
-    first_pids = [w.pid for w in during.workers]
 
     rest = list(it)
 

@@ -8,6 +8,7 @@ behind. Datasets live at module level so spawn and forkserver workers import the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sqlite3
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conveyor import DataLoader, IterableDataset, UnpicklableError, WorkerError
+from conveyor import DataLoader, IterableDataset, PreflightWarning, UnpicklableError, WorkerError
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
 
@@ -381,14 +382,18 @@ def test_unpicklable_dataset_is_named_before_workers_start(
     message = str(exc)
     assert f"start method '{start_method}'" in message
     assert f"{path} is a {type_name}" in message
-    assert "multiprocessing_context='fork'" in message
+    # A handle must not be "fixed" by forking: the workers would share it.
+    assert "multiprocessing_context='fork'" not in message
+    assert "conveyor.per_worker(" in message
 
 
 @pytest.mark.parametrize("what", ["binary_file", "sqlite"])
 def test_dataset_holding_a_handle_works_under_fork(what: str) -> None:
-    dataset = HoldsHandle(what)
+    dataset = HoldsHandle(what)  # the file is shared (pre-flight warns); :memory: sqlite is not
+    shared = pytest.warns(PreflightWarning, match=r"dataset\.fh")
     try:
-        batches = [b.tolist() for b in _loader(dataset, "fork", batch_size=2)]
+        with shared if what == "binary_file" else contextlib.nullcontext():
+            batches = [b.tolist() for b in _loader(dataset, "fork", batch_size=2)]
     finally:
         dataset.close()
     assert batches == [[0, 1], [2, 3]]

@@ -330,10 +330,13 @@ def test_explain_dataset_says_what_where_why_fix(connection: sqlite3.Connection)
     assert str(error) == (
         "Cannot send the dataset to worker processes (start method 'spawn'): "
         "dataset.db.connection is a sqlite3.Connection, which cannot be pickled "
-        "(cannot pickle 'sqlite3.Connection' object). Fix: open it lazily in each worker "
-        "(in __getitem__ or worker_init_fn) instead of in __init__, "
-        "or use multiprocessing_context='fork'."
+        "(cannot pickle 'sqlite3.Connection' object). Fix: store "
+        "conveyor.per_worker(<function that opens it>, <its arguments>) instead, e.g. "
+        "conveyor.per_worker(sqlite3.connect, path): it connects lazily, once in each "
+        "worker, and pickles as the recipe."
     )
+    # Not "or use fork": forked workers would share the connection (see the pre-flight).
+    assert "multiprocessing_context" not in str(error)
 
 
 def test_explain_fix_depends_on_the_type(binary_file: BinaryIO) -> None:
@@ -348,7 +351,7 @@ def test_explain_fix_depends_on_the_type(binary_file: BinaryIO) -> None:
     )
     assert "dataset.fh is a _io.BufferedReader" in message
     assert "Also: dataset.gen (builtins.generator)." in message
-    assert "store the file's path and open the file lazily in each worker" in message
+    assert "store conveyor.per_worker(open, path) instead" in message
     assert "create it where it is consumed (in __iter__ or __getitem__)" in message
     assert "multiprocessing_context" not in message
 
@@ -400,3 +403,14 @@ def test_explained_error_survives_pickling(connection: sqlite3.Connection) -> No
         "sqlite3.Connection",
         str(error),
     )
+
+
+def test_explain_suggests_fork_only_for_what_fork_can_share() -> None:
+    lock_holder = Holder(lock=threading.Lock())
+    message = str(
+        explain_unpicklable(
+            lock_holder, "dataset", TypeError("x"), role="dataset", start_method="spawn"
+        )
+    )
+    assert "dataset.lock" in message
+    assert message.endswith("or use multiprocessing_context='fork'.")

@@ -393,6 +393,11 @@ class MultiprocessIterator:
         self._recheck_at = now + max(0.0, min(wakes))
         return self._recheck_at - now
 
+    def _typical_batch_time(self) -> str:
+        if not self._batch_time:
+            return "no typical batch time is known yet"
+        return f"batches usually take {self._batch_time * 1000:.3g} ms"
+
     def _stall_threshold(self) -> float | None:
         if self._policy.stall_warning is None:
             return None
@@ -635,7 +640,7 @@ class MultiprocessIterator:
                 f"DataLoader worker {worker.worker_id} (pid {worker.pid}) has spent "
                 f"{status.age_s:.0f} s on batch {status.seq} (dataset indices "
                 f"{_short(_indices(task.index, self._iterable))}), in stage "
-                f"{status.stage.value}; batches usually take {self._batch_time:.2g} s. "
+                f"{status.stage.value}; {self._typical_batch_time()}. "
                 "It may be stuck (a dead network mount, a lock, an endless loop). Its "
                 f"current Python stack:\n{self._pool.dump_stacks(worker) or '(unavailable)'}",
                 WorkerStallWarning,

@@ -26,6 +26,7 @@ from .._iter.fetch import IterableFetcher, MapFetcher
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
 from ..collate import default_collate, default_convert, make_tensors_in_main
+from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
 from .fds import InheritedFd
@@ -112,7 +113,12 @@ def worker_main(
     # that stand for tensors: mark them so the main process makes tensors.
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
     make_tensors_in_main(as_tensors)
-    _serve(spec, objects, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
+    try:
+        _serve(spec, objects, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
+    finally:
+        # The process ends with os._exit (no atexit): close what the dataset
+        # opened with conveyor.per_worker now.
+        close_per_worker_resources()
 
 
 def _serve(

@@ -134,7 +134,7 @@ class WorkerPool:
             if not chunk:
                 break
             chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
+        return _worker_frames_only(b"".join(chunks).decode("utf-8", "replace"))
 
     def close(self) -> None:
         """Stop every worker and free their resources; safe to call twice."""
@@ -155,6 +155,22 @@ class WorkerPool:
         if self._setup is not None:
             os.close(self._setup)
             self._setup = None
+
+
+def _worker_frames_only(dump: str) -> str:
+    """Drop the frames below ``worker_main``: under fork they are the parent's,
+    copied at fork time (process start-up), and only make the stack longer."""
+    kept: list[str] = []
+    skipping = False
+    for line in dump.splitlines():
+        if not line.startswith(" "):  # a thread's header line
+            skipping = False
+        elif skipping:
+            continue
+        kept.append(line)
+        if "in worker_main" in line:
+            skipping = True
+    return "\n".join(kept)
 
 
 def _release(worker: Worker) -> None:

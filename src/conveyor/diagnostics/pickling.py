@@ -220,12 +220,17 @@ def _short(text: str, limit: int = 200) -> str:
 
 _LAZY = "in each worker (in __getitem__ or worker_init_fn) instead of in __init__"
 _FIXES = {  # words in the lowercased type name -> fix; the first match wins
-    "_io. tempfile. file": f"store the file's path and open the file lazily {_LAZY}",
+    "_io. tempfile. file": "store conveyor.per_worker(open, path) instead: it opens the "
+    "file lazily, once in each worker, and pickles as the recipe",
     "_thread. threading. synchronize. lock": f"create it lazily {_LAZY}",
     "generator coroutine iterator": "create it where it is consumed (in __iter__ or __getitem__)",
     "builtins.function builtins.type": "define it at module level (importable by name)",
-    "sqlite3. socket ssl. connection cursor session client engine": f"open it lazily {_LAZY}",
+    "sqlite3. socket ssl. connection cursor session client engine": "store "
+    "conveyor.per_worker(<function that opens it>, <its arguments>) instead, e.g. "
+    "conveyor.per_worker(sqlite3.connect, path): it connects lazily, once in each worker, "
+    "and pickles as the recipe",
 }
+_HANDLE_FIX = _FIXES["sqlite3. socket ssl. connection cursor session client engine"]
 _DEFAULT_FIX = (
     f"create it lazily {_LAZY}, or drop it in __getstate__ and rebuild it in __setstate__"
 )
@@ -278,7 +283,10 @@ def explain_unpicklable(
         why = f"{root} cannot be pickled ({_short(str(error) or type(error).__name__)})."
     names = [f.type_name for f in findings] or [type_name]
     fix = "; ".join(dict.fromkeys(_fix_for(name) for name in names))
-    if context.get("start_method") in ("spawn", "forkserver"):
+    # Fork is no way out for a handle: forked workers would share it, which
+    # corrupts reads (see the fork pre-flight). Only suggest it for the rest.
+    shared_handle = any(_fix_for(n) in (_FIXES["_io. tempfile. file"], _HANDLE_FIX) for n in names)
+    if context.get("start_method") in ("spawn", "forkserver") and not shared_handle:
         fix += ", or use multiprocessing_context='fork'"
     fix = _SAMPLE_FIX if sample else fix + "."
     return UnpicklableError(f"{what}{why} Fix: {fix}", path=path, type_name=type_name)

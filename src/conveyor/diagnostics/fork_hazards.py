@@ -1,0 +1,378 @@
+"""What forked workers would share, and what spawned ones would not receive.
+
+Given a :class:`~conveyor.diagnostics.walk.Walk` of the user's objects:
+
+* :func:`handle_findings`: open files, SQLite connections, sockets, LMDB
+  environments and h5py objects — shared by forked workers (``shared-*``),
+  or under spawn/forkserver not picklable (``unpicklable``) or, for a text
+  file open for reading, sent as a frozen copy (``file-copied``);
+* :func:`container_findings`: Python containers so big that every worker
+  ends up with its own copy (``large-python-container``);
+* :func:`cuda_findings`: CUDA tensors a forked worker would touch.
+
+:func:`thread_findings` looks at the process: threads a fork leaves behind.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from .findings import ENVIRONMENT, Finding, Severity
+from .pickling import _short_repr, _type_name
+from .walk import MAX_ITEMS, Walk, handle_kind, within
+
+__all__ = [
+    "Handle",
+    "container_findings",
+    "cuda_findings",
+    "cuda_initialized",
+    "describe_handle",
+    "handle_findings",
+    "per_worker_fix",
+    "running_threads",
+    "thread_findings",
+]
+
+# Threads of the tools around a program (notebook kernels, debuggers, test runners, tqdm's
+# monitor) and multiprocessing's queue feeders (whose locks it resets after a fork).
+_KNOWN_THREAD_MODULES = (
+    "conveyor", "multiprocessing.queues", "ipykernel", "IPython", "zmq", "jupyter_client",
+    "debugpy", "pydevd", "_pydevd", "_pydevd_bundle", "_pytest", "pytest_timeout", "tqdm",
+)  # fmt: skip
+
+
+# --- handles ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Handle:
+    """An open resource: its kind, a label for people, and how to open it per worker."""
+
+    kind: str  # "file" | "sqlite" | "socket" | "lmdb" | "hdf5"
+    label: str  # "'/data/train.bin', mode 'rb'"
+    recipe: str  # "open, '/data/train.bin', 'rb'": the arguments of conveyor.per_worker
+    copied_by_cloudpickle: bool = False  # a readable text file: pickles as a copy
+    writes: bool = False  # a file open for writing: buffered data is duplicated by fork
+    backed_by_file: bool = True  # False for an in-memory SQLite database
+
+
+def describe_handle(obj: Any) -> Handle | None:
+    """The open handle ``obj`` is, or None when it is closed, in memory or a standard stream."""
+    try:
+        kind = handle_kind(type(obj))
+        if kind == "file":
+            return _describe_file(obj)
+        if kind == "sqlite":
+            return _describe_sqlite(obj)
+        if kind == "socket":
+            if obj.fileno() == -1:
+                return None
+            peer = _peer(obj)
+            if isinstance(peer, tuple) and len(peer) >= 2:  # an IP address and port
+                label = f"connected to {peer[0]}:{peer[1]}"
+                return Handle("socket", label, f"socket.create_connection, {peer[:2]!r}")
+            return Handle("socket", f"connected to {peer!r}" if peer else "", "")
+        if kind == "lmdb":
+            path = obj.path()  # raises once closed
+            return Handle("lmdb", repr(path), f"lmdb.open, {path!r}, readonly=True, lock=False")
+        if kind == "hdf5":
+            if not obj:  # h5py objects are false once closed
+                return None
+            path = obj.file.filename
+            return Handle("hdf5", repr(path), f"h5py.File, {path!r}, 'r'")
+    except Exception:
+        return None
+    return None
+
+
+def _describe_file(obj: Any) -> Handle | None:
+    if obj.closed or obj.fileno() in (0, 1, 2):  # in-memory files raise in fileno()
+        return None
+    name, mode = getattr(obj, "name", None), getattr(obj, "mode", None)
+    mode = mode if isinstance(mode, str) else "rb"
+    opener = "open" if type(obj).__module__ == "_io" else _type_name(obj)
+    label = f"{name!r}, mode {mode!r}" if isinstance(name, str) else f"fd {obj.fileno()}"
+    recipe = f"{opener}, {name!r}, {mode!r}" if isinstance(name, str) else ""
+    readable = "r" in mode or "+" in mode
+    copied = isinstance(obj, io.TextIOWrapper) and readable and not obj.isatty()
+    writes = any(c in mode for c in "wax+")
+    return Handle("file", label, recipe, copied_by_cloudpickle=copied, writes=writes)
+
+
+def _describe_sqlite(conn: Any) -> Handle | None:
+    try:
+        rows = conn.execute("PRAGMA database_list").fetchall()
+    except Exception as exc:  # closed, or made in another thread (check_same_thread)
+        if "closed" in str(exc):
+            return None
+        return Handle("sqlite", "", "sqlite3.connect, path")
+    path = next((row[2] for row in rows if row[1] == "main"), "")
+    if not path:
+        return Handle("sqlite", "in memory", "sqlite3.connect, ':memory:'", backed_by_file=False)
+    return Handle("sqlite", repr(path), f"sqlite3.connect, {path!r}")
+
+
+def _peer(sock: Any) -> Any:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return None
+
+
+_PER_WORKER = (
+    "store conveyor.per_worker({recipe}) in {path} instead, and call {path}.get() where it "
+    "is used (in __getitem__): each worker then opens its own {noun} on first use"
+)
+_NOUN = {"sqlite": "connection", "socket": "connection", "lmdb": "environment", "hdf5": "file"}
+_FORK_WHY = {
+    "file": "Forked workers inherit one file descriptor and share its file offset: workers "
+    "that seek and read at the same time read each other's bytes, so samples come back "
+    "silently wrong.",
+    "sqlite": "A SQLite connection must not cross a fork: the workers share its file "
+    "descriptors and lock state, so reads fail with 'database disk image is malformed' and "
+    "a write can corrupt the database.",
+    "socket": "Every worker reads and writes the same connection: requests interleave and a "
+    "worker receives another worker's reply.",
+    "lmdb": "An LMDB environment must not be used after fork: the workers share its lock "
+    "table and transaction state, and reads fail or return stale data.",
+    "hdf5": "The HDF5 library under h5py is not fork-safe: the workers share the file "
+    "descriptor and the library's caches, and reads return wrong data or fail.",
+}
+_FORK_CODES = {
+    "file": "shared-file-handle",
+    "sqlite": "shared-sqlite",
+    "socket": "shared-socket",
+    "lmdb": "shared-lmdb",
+    "hdf5": "shared-hdf5",
+}
+_WHAT = {
+    "file": "An open file",
+    "sqlite": "A SQLite connection",
+    "socket": "An open socket",
+    "lmdb": "An open LMDB environment",
+    "hdf5": "An open HDF5 (h5py) object",
+}
+
+
+def handle_findings(walk: Walk, start_method: str) -> list[Finding]:
+    """The open handles in ``walk``: shared by forked workers, or not sendable to others."""
+    findings = []
+    for path, obj in walk.handles:
+        handle = describe_handle(obj)
+        if handle is None:
+            continue
+        if start_method == "fork":
+            finding = _fork_finding(path, handle)
+        else:
+            finding = _pickled_finding(path, obj, handle, start_method)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def per_worker_fix(path: str, handle: Handle) -> str:
+    """How to open the handle at ``path`` in each worker with :func:`conveyor.per_worker`."""
+    recipe = handle.recipe or "<function that opens it>, <its arguments>"
+    noun = _NOUN.get(handle.kind, "file")
+    return _PER_WORKER.format(recipe=recipe, path=path, noun=noun) + "."
+
+
+def _what(handle: Handle) -> str:
+    return _WHAT[handle.kind] + (f" ({handle.label})" if handle.label else "")
+
+
+def _fork_finding(path: str, handle: Handle) -> Finding | None:
+    if not handle.backed_by_file:
+        return None  # each child gets its own copy of an in-memory database
+    why = _FORK_WHY[handle.kind]
+    if handle.writes:
+        why += " Data buffered before the fork is written again by every worker."
+    severity = Severity.ERROR if handle.kind == "sqlite" else Severity.WARNING
+    return Finding(
+        code=_FORK_CODES[handle.kind],
+        severity=severity,
+        where=path,
+        what=f"{_what(handle)} would be shared by the forked workers",
+        why=why,
+        fix=per_worker_fix(path, handle),
+    )
+
+
+def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> Finding | None:
+    if handle.copied_by_cloudpickle:
+        return Finding(
+            code="file-copied",
+            severity=Severity.WARNING,
+            where=path,
+            what=f"{_what(handle)} would reach the {start_method} workers as a copy of its "
+            "contents",
+            why="cloudpickle sends a text file open for reading as an in-memory copy of the "
+            "whole file: each worker gets a frozen snapshot, not the file, and a large file "
+            "is read and copied once per worker.",
+            fix=per_worker_fix(path, handle),
+        )
+    try:
+        cloudpickle.dumps(obj)
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+    else:
+        return None
+    return Finding(
+        code="unpicklable",
+        severity=Severity.ERROR,
+        where=path,
+        what=f"{_what(handle)} cannot be sent to the {start_method} workers",
+        why=f"{path} is a {_type_name(obj)}, which cannot be pickled ({reason}).",
+        fix=per_worker_fix(path, handle),
+    )
+
+
+# --- big containers, threads, CUDA ----------------------------------------------------
+
+
+def container_findings(walk: Walk, start_method: str) -> list[Finding]:
+    """Python containers so large that every worker ends up with its own copy."""
+    findings = []
+    for path, obj in walk.containers:
+        count, size = _count_and_size(obj)
+        if start_method == "fork":
+            why = (
+                "Forked workers share its memory only until they read it: reading an item "
+                "updates the item's reference count, which copies its memory page, so every "
+                f"worker ends up with its own copy: about {_megabytes(size)} more per worker "
+                "over an epoch (it looks like a leak)."
+            )
+        else:
+            why = (
+                f"Every {start_method} worker unpickles its own copy: about {_megabytes(size)} "
+                "more per worker, and slower start-up."
+            )
+        array = type(obj).__module__ == "numpy"
+        kind = "NumPy array of dtype=object" if array else type(obj).__name__
+        fix = "store it as conveyor.SharedList(...), one buffer that workers read without copying"
+        fix += (
+            ", or as a NumPy array of fixed-size items (np.array(paths) for strings)."
+            if array or not isinstance(obj, dict)
+            else ", e.g. its keys and its values as two SharedLists (or NumPy arrays)."
+        )
+        findings.append(
+            Finding(
+                code="large-python-container",
+                severity=Severity.WARNING,
+                where=path,
+                what=f"A {kind} of {count:,} Python objects would be copied into every worker",
+                why=why,
+                fix=fix,
+            )
+        )
+    return findings
+
+
+def _count_and_size(obj: Any) -> tuple[int, int]:
+    """Items in ``obj`` and its rough size in bytes (from the first items)."""
+    count = int(obj.size) if type(obj).__module__ == "numpy" else len(obj)
+    sample: list[Any]
+    if isinstance(obj, dict):
+        sample = [x for pair in itertools.islice(dict.items(obj), MAX_ITEMS) for x in pair]
+        per_item = 2
+    else:
+        flat = obj.flat if type(obj).__module__ == "numpy" else obj
+        sample, per_item = list(itertools.islice(iter(flat), MAX_ITEMS)), 1
+    each = sum(sys.getsizeof(x) for x in sample) / max(1, len(sample)) * per_item
+    return count, int(sys.getsizeof(obj) + each * count)
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 2**20:,.0f} MB" if size >= 2**20 else f"{size / 2**10:,.0f} KB"
+
+
+def running_threads() -> list[threading.Thread]:
+    """Threads a fork would leave behind: not this one, the main one, or known tools' ones.
+
+    Threads that C code registered with Python (``_DummyThread``) are not counted:
+    they never leave ``threading.enumerate()``, so it cannot tell whether they still run.
+    """
+    skip = {threading.current_thread(), threading.main_thread()}
+    found = []
+    for thread in threading.enumerate():
+        if thread in skip or isinstance(thread, threading._DummyThread):
+            continue
+        owner = type(thread).__module__
+        if owner == "threading":  # a plain Thread: whoever wrote its target started it
+            owner = getattr(getattr(thread, "_target", None), "__module__", None) or owner
+        if not within(str(owner), _KNOWN_THREAD_MODULES):
+            found.append(thread)
+    return found
+
+
+def thread_findings() -> list[Finding]:
+    threads = running_threads()
+    if not threads:
+        return []
+    names = ", ".join(repr(t.name) for t in threads[:5]) + (", ..." if len(threads) > 5 else "")
+    count = f"{len(threads)} other thread" + ("s are" if len(threads) > 1 else " is")
+    return [
+        Finding(
+            code="parent-threads",
+            severity=Severity.WARNING,
+            where=ENVIRONMENT,
+            what=f"{count} running in this process ({names}) when the workers are forked",
+            why="fork copies only the calling thread: a lock another thread holds at that "
+            "moment (in logging, an HTTP client, a C library) stays locked forever in the "
+            "worker, which then hangs.",
+            fix="use multiprocessing_context='forkserver' or 'spawn', or start those threads "
+            "after the workers (with persistent_workers=True they are forked only once).",
+        )
+    ]
+
+
+def cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # torch is never imported just to ask
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def cuda_findings(walk: Walk, *, full: bool) -> list[Finding]:
+    """Under fork: CUDA tensors the workers would touch (ERROR); CUDA in use at all (INFO)."""
+    if not cuda_initialized():
+        return []
+    fix = "use multiprocessing_context='spawn' or 'forkserver'"
+    for path, tensor in walk.tensors:
+        if getattr(tensor, "is_cuda", False) is True:
+            return [
+                Finding(
+                    code="cuda-before-fork",
+                    severity=Severity.ERROR,
+                    where=path,
+                    what=f"A CUDA tensor (shape {_short_repr(tuple(tensor.shape))} on "
+                    f"{tensor.device}) would be used by forked workers",
+                    why="CUDA is initialized in this process and cannot be used in a forked "
+                    "child: the worker fails with 'Cannot re-initialize CUDA in forked "
+                    "subprocess'.",
+                    fix=f"{fix}, or keep the dataset's tensors on the CPU and move each batch "
+                    "to the GPU in the training loop.",
+                )
+            ]
+    if not full:
+        return []
+    return [
+        Finding(
+            code="cuda-before-fork",
+            severity=Severity.INFO,
+            where=ENVIRONMENT,
+            what="CUDA is initialized in this process and the workers are forked",
+            why="That is fine while the workers only use the CPU; a dataset or transform "
+            "that uses CUDA in a worker fails with 'Cannot re-initialize CUDA in forked "
+            "subprocess'.",
+            fix=f"if the workers must use CUDA, {fix}.",
+        )
+    ]

@@ -1,0 +1,307 @@
+"""Pre-flight checks: say what would break in the workers before any of them starts.
+
+* :func:`run_automatic` runs on a loader's first iteration with workers. It
+  is cheap — one bounded walk of the dataset, ``collate_fn`` and
+  ``worker_init_fn``, a few system calls; nothing pickled unless a handle
+  turned up, no sample fetched — and quiet on ordinary datasets. The first
+  ERROR is raised (``UnpicklableError``, or ``ConfigError`` naming the fix)
+  before any worker process exists; each WARNING is emitted once as a
+  :class:`~conveyor.errors.PreflightWarning`.
+* :func:`check` returns the full :class:`Report`: it also pickles what spawn
+  and forkserver workers receive (naming the attribute that fails), fetches
+  one batch to estimate the memory the prefetch needs, and adds INFO findings.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from ..errors import ConfigError, PreflightWarning, add_note
+from . import environment
+from .findings import Finding, Report, Severity
+from .fork_hazards import (
+    container_findings,
+    cuda_findings,
+    describe_handle,
+    handle_findings,
+    per_worker_fix,
+    thread_findings,
+)
+from .pickling import _fix_for, explain_unpicklable, find_unpicklable
+from .walk import Walk
+
+if TYPE_CHECKING:
+    from ..loader import DataLoader
+
+__all__ = ["Finding", "Report", "Severity", "automatic_findings", "check", "run_automatic"]
+
+_MAX_BATCH_LEAVES = 10_000
+_FULL_WALK_OBJECTS = 20_000  # check() may look further than the automatic pre-flight
+_SKIP_NOTE = (
+    "conveyor found this before starting any worker; DataLoader(..., preflight=False) "
+    "skips these checks."
+)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a check looks at, whether it was given a DataLoader or a bare dataset."""
+
+    roots: tuple[tuple[str, Any], ...]  # ("dataset", ...), ("collate_fn", ...), ...
+    start_method: str
+    num_workers: int
+    prefetch_factor: int
+    batch_size: int | None  # None: samples are not batched (or a batch_sampler decides)
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any] | None
+    iterable: bool
+
+    @property
+    def dataset(self) -> Any:
+        return self.roots[0][1]
+
+    def subject(self) -> str:
+        workers = f"{self.num_workers} worker" + ("" if self.num_workers == 1 else "s")
+        kind = type(self.dataset)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        return f"{name} ({workers}, start method {self.start_method!r})"
+
+
+def check(
+    dataset_or_loader: Any,
+    *,
+    num_workers: int | None = None,
+    multiprocessing_context: str | BaseContext | None = None,
+) -> Report:
+    """Check a dataset (or a ``DataLoader``) for what would break in worker processes.
+
+    Returns a :class:`Report`; ``print(report)`` for people, ``report.errors`` and
+    ``report.warnings`` for programs. A loader is checked with its own settings,
+    which ``num_workers`` and ``multiprocessing_context`` override. A bare dataset
+    is checked as ``DataLoader(dataset, num_workers=...)`` would load it (batch
+    size 1, the default start method), with as many workers as usable CPUs unless
+    ``num_workers`` says otherwise. With ``num_workers=0`` there is nothing to
+    find: nothing crosses a process boundary.
+
+    It pickles the dataset once under spawn/forkserver and fetches one batch to
+    estimate memory, so it costs more than the automatic pre-flight.
+    """
+    target = _target(dataset_or_loader, num_workers, multiprocessing_context)
+    findings: list[Finding] = []
+    if target.num_workers > 0:
+        pickled = target.start_method != "fork"
+        walk = Walk(target.roots, pickled=pickled, max_objects=_FULL_WALK_OBJECTS)
+        findings += _object_findings(walk, target, full=True)
+        findings += environment.cpu_findings(target.num_workers)
+        findings += environment.fd_findings(target.num_workers)
+        batch_bytes = _batch_bytes(target)
+        if batch_bytes:
+            findings += environment.memory_findings(
+                target.num_workers, target.prefetch_factor, batch_bytes
+            )
+    return Report(_worst_first(findings), subject=target.subject())
+
+
+def automatic_findings(loader: DataLoader) -> list[Finding]:
+    """The cheap checks :func:`run_automatic` acts on, worst first."""
+    return _automatic(_target(loader, None, None))
+
+
+def _automatic(target: _Target) -> list[Finding]:
+    walk = Walk(target.roots, pickled=target.start_method != "fork")
+    findings = _object_findings(walk, target, full=False)
+    findings += environment.cpu_findings(target.num_workers, automatic=True)
+    findings += environment.fd_findings(target.num_workers)
+    return list(_worst_first(findings))
+
+
+def run_automatic(loader: DataLoader) -> None:
+    """Raise the first ERROR the cheap checks find, else warn once per WARNING."""
+    target = _target(loader, None, None)
+    findings = _automatic(target)
+    for finding in findings:
+        if finding.severity is Severity.ERROR:
+            error = _as_error(finding, target)
+            if error is not None:
+                raise error
+    for finding in findings:
+        if finding.severity is Severity.WARNING:
+            warning = PreflightWarning(finding.message())
+            warning.finding = finding
+            # stacklevel 3: the user's ``for batch in loader`` (via DataLoader.__iter__).
+            warnings.warn(warning, stacklevel=3)
+
+
+# --- what to check ------------------------------------------------------------------
+
+
+def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None) -> _Target:
+    from ..collate import default_collate
+    from ..dataset import is_iterable_dataset
+    from ..loader import DataLoader
+
+    if isinstance(obj, DataLoader):
+        roots: tuple[tuple[str, Any], ...] = (
+            ("dataset", obj.dataset),
+            ("collate_fn", obj.collate_fn),
+            ("worker_init_fn", obj.worker_init_fn),
+        )
+        workers = obj.num_workers if num_workers is None else num_workers
+        method = _start_method(context or obj.multiprocessing_context)
+        return _Target(
+            roots=roots,
+            start_method=method,
+            num_workers=workers or (environment.cpus().usable if num_workers is None else 0),
+            prefetch_factor=obj.prefetch_factor or 2,
+            batch_size=obj.batch_size,
+            auto_collation=obj._auto_collation,
+            collate_fn=obj.collate_fn,
+            iterable=obj._is_iterable,
+        )
+    return _Target(
+        roots=(("dataset", obj),),
+        start_method=_start_method(context),
+        num_workers=environment.cpus().usable if num_workers is None else num_workers,
+        prefetch_factor=2,
+        batch_size=1,
+        auto_collation=True,
+        collate_fn=default_collate,
+        iterable=is_iterable_dataset(obj),
+    )
+
+
+def _start_method(context: str | BaseContext | None) -> str:
+    """The start method, without fixing multiprocessing's default as a side effect."""
+    if isinstance(context, BaseContext):
+        return context.get_start_method()
+    if context is None:
+        # The first of get_all_start_methods() is the platform's default (documented).
+        return (
+            multiprocessing.get_start_method(allow_none=True)
+            or (multiprocessing.get_all_start_methods()[0])
+        )
+    if context not in multiprocessing.get_all_start_methods():
+        raise ConfigError(
+            f"multiprocessing_context should be one of {multiprocessing.get_all_start_methods()}"
+            f", got {context!r}"
+        )
+    return context
+
+
+def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding]:
+    method = target.start_method
+    findings = handle_findings(walk, method)
+    if full and method != "fork":  # the definitive answer: pickle each root
+        findings = [f for f in findings if f.code != "unpicklable"]
+        findings += _unpicklable_findings(walk, target)
+    findings += container_findings(walk, method)
+    if method == "fork":
+        findings += cuda_findings(walk, full=full)
+        findings += thread_findings()
+    return findings
+
+
+def _unpicklable_findings(walk: Walk, target: _Target) -> list[Finding]:
+    handles = dict(walk.handles)
+    findings = []
+    for role, obj in target.roots:
+        if obj is None:
+            continue
+        for found in find_unpicklable(obj, role):
+            handle = describe_handle(handles[found.path]) if found.path in handles else None
+            fix = per_worker_fix(found.path, handle) if handle else _fix_for(found.type_name)
+            findings.append(
+                Finding(
+                    code="unpicklable",
+                    severity=Severity.ERROR,
+                    where=found.path,
+                    what=f"The {role} cannot be sent to the {target.start_method} workers",
+                    why=f"{found.path} is a {found.type_name}, which cannot be pickled "
+                    f"({found.reason}).",
+                    fix=fix if fix.endswith(".") else fix + ".",
+                )
+            )
+    return findings
+
+
+def _worst_first(findings: Sequence[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=lambda f: -f.severity))
+
+
+# --- acting on findings -------------------------------------------------------------
+
+
+def _as_error(finding: Finding, target: _Target) -> Exception | None:
+    """The exception for an ERROR finding (None if, looked at closely, it is not one).
+
+    An object that cannot be pickled gets the same error the worker pool would
+    raise a moment later (so ``preflight=False`` would not help, and is not
+    offered); the rest are the pre-flight's own, with the way to skip it.
+    """
+    if finding.code == "unpicklable":
+        role = finding.where.split(".", 1)[0].split("[", 1)[0]
+        obj = dict(target.roots).get(role)
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            error: Exception = explain_unpicklable(
+                obj, role, exc, role=role, start_method=target.start_method
+            )
+            error.__cause__ = exc
+        else:
+            return None  # the object's own pickling leaves the handle out
+    else:
+        error = ConfigError(finding.message())
+        add_note(error, _SKIP_NOTE)
+    error.finding = finding  # type: ignore[attr-defined]
+    return error
+
+
+# --- one batch, to estimate memory ----------------------------------------------------
+
+
+def _batch_bytes(target: _Target) -> int | None:
+    """Bytes of a batch of the first samples, or None if that cannot be had cheaply.
+
+    Iterable datasets are not started, and samplers are not drawn from (that
+    would move the user's random stream): the indices are 0, 1, ...
+    """
+    if target.iterable or target.collate_fn is None:
+        return None
+    if target.auto_collation and target.batch_size is None:
+        return None  # a batch_sampler: its batches' size is unknown
+    dataset = target.dataset
+    try:
+        if target.auto_collation:
+            size = min(len(dataset), target.batch_size or 1)
+            batch = target.collate_fn([dataset[i] for i in range(size)])
+        else:
+            batch = target.collate_fn(dataset[0])
+    except Exception:  # the loader reports this better, with the index
+        return None
+    return _nbytes(batch)
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes in a batch's arrays, tensors, strings and other leaves (bounded)."""
+    total, stack, seen = 0, [batch], 0
+    while stack and seen < _MAX_BATCH_LEAVES:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(getattr(item, "nbytes", None), int):  # arrays, tensors
+            total += item.nbytes
+        else:
+            total += sys.getsizeof(item)
+    return total
