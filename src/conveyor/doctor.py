@@ -35,6 +35,8 @@ from conveyor.diagnostics.preflight import check
 from conveyor.errors import PreflightWarning
 from conveyor.loader import DataLoader
 
+from ._argtypes import positive_int
+
 __all__ = ["LoaderRun", "Profile", "Target", "UsageError", "advise", "examine", "load_target"]
 
 WIDTH = 100
@@ -591,16 +593,6 @@ def _worker_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``doctor`` subcommand's options."""
     parser.add_argument(
@@ -618,7 +610,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-size",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help=f"default: a DataLoader's own, else {DEFAULT_BATCH_SIZE}",
@@ -631,7 +623,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batches",
-        type=_positive,
+        type=positive_int,
         default=20,
         metavar="K",
         help=f"batches timed per worker count after the first (default: 20, at most about "

@@ -11,6 +11,8 @@ from conveyor.benchmark.report import render, write_json
 from conveyor.benchmark.runner import BenchOptions, run_benchmark
 from conveyor.benchmark.workloads import WORKLOADS
 
+from .._argtypes import positive_int
+
 
 def _workload_list(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
@@ -21,16 +23,6 @@ def _workload_list(text: str) -> tuple[str, ...]:
             f"choose from {', '.join(WORKLOADS)}"
         )
     return names
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -67,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="length of each timed window (default: 3); ignored with --quick",
     )
     parser.add_argument(
-        "--repeat", type=_positive, default=1, metavar="K", help="runs per loader; median shown"
+        "--repeat", type=positive_int, default=1, metavar="K", help="runs per loader; median shown"
     )
     parser.add_argument(
         "--start-method",
