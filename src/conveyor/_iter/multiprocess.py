@@ -15,47 +15,51 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 import warnings
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from .. import _torch
-from .._transport.codec import InlinePayload, SlotPayload
-from .._workers.exits import describe_exit
+from .._transport.codec import InlinePayload
 from .._workers.loop import UserObjects, WorkerSpec
 from .._workers.pool import Worker, WorkerPool
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
     Ready,
-    SampleFailed,
     Stage,
     StartupFailed,
     Task,
     TaskFailed,
 )
 from .._workers.remote_error import rebuild
-from .._workers.status import WorkerStatus, read_status
 from ..errors import (
     BatchesHeldWarning,
     WorkerContext,
     WorkerCrashedError,
-    WorkerRestartedWarning,
-    WorkerStallWarning,
     WorkerStartupError,
-    WorkerTimeoutError,
-    add_note,
     attach_worker_context,
 )
 from ..records import InFlightTask, LoaderStatistics, WorkerStatistics
 from ..sampling import draw_base_seed
 from .pinning import pin_batch
 from .policy import SupervisionPolicy
+from .recovery import Recovery
 from .skips import SkipLedger
+from .tasks import (
+    Done,
+    Outstanding,
+    UserError,
+    WorkerCounters,
+    batch_size_of,
+    indices_of,
+    short,
+)
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ..loader import DataLoader
@@ -63,43 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor")
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
-STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
 
 
-class _UserError(Exception):
-    """Carries an exception from user code out of _next_batch (see __next__)."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-@dataclass
-class _Outstanding:
-    worker_id: int
-    index: Any
-    sent_at: float
-    crashes: int = 0
-    exclude: tuple[Any, ...] = ()
-    stall_reported: bool = False
-    timed: bool = True  # its worker was up when it was sent: its duration is typical
-
-
-@dataclass
-class _Done:
-    message: BatchDone | TaskFailed | IterationEnded
-    worker: Worker  # the worker that produced it (maybe replaced since)
-
-
-@dataclass
-class _WorkerCounters:
-    batches: int = 0
-    samples: int = 0
-    restarts: int = 0
-    init_crashes: int = 0
-    since: float = field(default_factory=time.monotonic)
-
-
-class MultiprocessIterator:
+class MultiprocessIterator(Recovery, Watchdog):
     def __init__(self, loader: DataLoader) -> None:
         # Weak: a persistent iterator is held by its loader, and a cycle would
         # keep the workers alive after ``del loader`` until the cyclic GC runs.
@@ -121,7 +91,7 @@ class MultiprocessIterator:
         self._retried = 0
         self._skips = SkipLedger(loader._skipped_log, self._policy)
         self._batch_time = 0.0  # moving average of a task's time in a worker
-        self._counters = [_WorkerCounters() for _ in range(self._num_workers)]
+        self._counters = [WorkerCounters() for _ in range(self._num_workers)]
         self._killed_stuck: dict[int, str] = {}  # worker id -> why we killed it
         self._recheck_at = 0.0  # when _next_wake must read the status pages again
         self._fatal: WorkerCrashedError | None = None  # raised once earlier batches are out
@@ -140,7 +110,7 @@ class MultiprocessIterator:
                 auto_collation=loader._auto_collation,
                 drop_last=loader.drop_last,
                 max_slots=self._prefetch + SLOTS_BEYOND_PREFETCH,
-                parent_pid=_own_pid(),
+                parent_pid=os.getpid(),
                 skip_errors=self._policy.on_error == "skip",
                 tensors_in_main=_torch.load() is not None,
             )
@@ -171,7 +141,7 @@ class MultiprocessIterator:
             if not self._persistent:
                 self.close()
             raise
-        except _UserError as wrapped:
+        except UserError as wrapped:
             # Like torch: the failed batch is consumed, the next one follows.
             raise wrapped.error from None
         except BaseException:
@@ -197,7 +167,7 @@ class MultiprocessIterator:
     def statistics(self) -> LoaderStatistics:
         now = time.monotonic()
         in_flight = tuple(
-            InFlightTask(t.worker_id, seq, _indices(t.index, self._iterable), now - t.sent_at)
+            InFlightTask(t.worker_id, seq, indices_of(t.index, self._iterable), now - t.sent_at)
             for seq, t in sorted(self._outstanding.items())
             if seq not in self._results
         )
@@ -233,8 +203,8 @@ class MultiprocessIterator:
         self._samples_yielded = 0
         self._next_seq = 0  # next seq to send
         self._rcvd_seq = 0  # next seq to hand out (in order)
-        self._outstanding: dict[int, _Outstanding] = {}
-        self._results: dict[int, _Done] = {}  # done, not yet handed out
+        self._outstanding: dict[int, Outstanding] = {}
+        self._results: dict[int, Done] = {}  # done, not yet handed out
         self._active = [True] * self._num_workers
         self._tasks_per_worker = [0] * self._num_workers  # sent, not yet handed out
         self._cycle = itertools.cycle(range(self._num_workers))
@@ -281,13 +251,13 @@ class MultiprocessIterator:
             )
         if exclude and self._skips.over_budget():
             raise WorkerCrashedError(
-                f"Dataset indices {_short(exclude)} killed their workers in an earlier epoch "
+                f"Dataset indices {short(exclude)} killed their workers in an earlier epoch "
                 f"and are left out again. {self._skips.budget_note()}",
                 worker_id=worker_id,
                 indices=exclude,
             )
         worker.send(Task(self._epoch, seq, index, worker.take_releases(), exclude=exclude))
-        self._outstanding[seq] = _Outstanding(
+        self._outstanding[seq] = Outstanding(
             worker_id, index, time.monotonic(), exclude=exclude, timed=worker.ready
         )
         self._tasks_per_worker[worker_id] += 1
@@ -295,7 +265,7 @@ class MultiprocessIterator:
     def _known_poison(self, index: Any) -> tuple[Any, ...]:
         """Samples that killed workers earlier: left out again, without a crash."""
         poison = self._skips.poison() if not self._iterable else ()
-        return tuple(i for i in _indices(index, False) if i in poison) if poison else ()
+        return tuple(i for i in indices_of(index, False) if i in poison) if poison else ()
 
     # --- receiving -------------------------------------------------------
 
@@ -319,7 +289,7 @@ class MultiprocessIterator:
                 continue
             self._dispatch()
             if isinstance(message, TaskFailed):
-                raise _UserError(self._task_error(message, task, done.worker))
+                raise UserError(self._task_error(message, task, done.worker))
             if message.payload is None:
                 continue  # every sample of this batch was skipped
             return self._decode(message, done.worker)
@@ -370,39 +340,6 @@ class MultiprocessIterator:
                         return
             return
 
-    def _running(self) -> list[tuple[Worker, WorkerStatus]]:
-        statuses = [(w, read_status(w.arena.status_page)) for w in self._workers]
-        return [(w, s) for w, s in statuses if s.stage is not None]
-
-    def _next_wake(self) -> float | None:
-        """Seconds until a running task may reach the timeout or stall threshold.
-
-        Reading the status pages costs a little, so it is done only once the
-        previous answer has run out: a task that starts later cannot reach a
-        limit before ``now + min(limits)``, which bounds every answer.
-        """
-        limits = [x for x in (self._timeout or None, self._stall_threshold()) if x]
-        if not limits:
-            return None
-        now = time.monotonic()
-        if now < self._recheck_at:
-            return self._recheck_at - now
-        wakes = [min(limits)]
-        for _, status in self._running():
-            wakes += [limit - status.age_s for limit in limits]
-        self._recheck_at = now + max(0.0, min(wakes))
-        return self._recheck_at - now
-
-    def _typical_batch_time(self) -> str:
-        if not self._batch_time:
-            return "no typical batch time is known yet"
-        return f"batches usually take {self._batch_time * 1000:.3g} ms"
-
-    def _stall_threshold(self) -> float | None:
-        if self._policy.stall_warning is None:
-            return None
-        return max(self._policy.stall_warning, STALL_FACTOR * self._batch_time)
-
     def _drain(self, worker: Worker) -> None:
         """Take what a dead worker sent before dying."""
         while True:
@@ -432,7 +369,7 @@ class MultiprocessIterator:
                 if isinstance(message, BatchDone) and message.payload is not None:
                     worker.decoder.discard(message.payload)
                 return True
-            self._results[message.seq] = _Done(message, worker)
+            self._results[message.seq] = Done(message, worker)
             if task.timed:
                 elapsed = time.monotonic() - task.sent_at
                 ewma = 0.9 * self._batch_time + 0.1 * elapsed
@@ -448,243 +385,14 @@ class MultiprocessIterator:
         batch = worker.decoder.decode(payload)
         counters = self._counters[worker.worker_id]
         counters.batches += 1
-        size = _batch_size(batch)
+        size = batch_size_of(batch)
         counters.samples += size
         self._samples_yielded += size
         return pin_batch(batch) if self._pin else batch
 
-    # --- bad samples -------------------------------------------------------
-
-    def _record_skips(
-        self, failures: tuple[SampleFailed, ...], worker: Worker, message: BatchDone
-    ) -> None:
-        for failure in failures:
-            error = failure.error
-            self._skips.record(
-                failure.index,
-                worker.worker_id,
-                failure.stage.value,
-                f"{error.module}.{error.qualname}",
-                error.message,
-            )
-        if self._skips.over_budget():
-            raise self._skip_budget_error(failures[-1], worker, message)
-
-    def _skip_budget_error(
-        self, failure: SampleFailed, worker: Worker, message: BatchDone
-    ) -> BaseException:
-        exc = rebuild(failure.error)
-        context = WorkerContext(
-            worker_id=worker.worker_id,
-            pid=worker.pid or -1,
-            stage=failure.stage.value,
-            indices=(failure.index,),
-            traceback=failure.error.traceback,
-            epoch=message.epoch,
-            seq=message.seq,
-        )
-        attach_worker_context(exc, context)
-        add_note(exc, self._skips.budget_note())
-        return exc
-
-    # --- dead workers ------------------------------------------------------
-
-    def _recover(self, worker: Worker) -> None:
-        """Replace a dead worker and re-send what it had not answered."""
-        self._drain(worker)
-        worker.process.join(timeout=1.0)
-        status = read_status(worker.arena.status_page)
-        held = sorted(
-            seq
-            for seq, t in self._outstanding.items()
-            if t.worker_id == worker.worker_id and seq not in self._results
-        )
-        culprit = self._culprit(status, held)
-
-        def give_up(note: str) -> WorkerCrashedError:
-            return self._crash_error(worker, status, held, culprit, note=note)
-
-        if self._iterable:
-            raise give_up(
-                "An iterable-style dataset's iterator cannot be resumed in a new process, "
-                "so conveyor does not restart workers for it."
-            )
-        counters = self._counters[worker.worker_id]
-        if status.stage in (Stage.STARTUP, Stage.WORKER_INIT):
-            counters.init_crashes += 1
-            if counters.init_crashes >= 2:
-                raise give_up(
-                    "It died the same way in its replacement, before any task: this is not "
-                    "a passing failure."
-                )
-        if culprit is not None:
-            task = self._outstanding[culprit]
-            task.crashes += 1
-            if task.crashes >= 2:
-                self._handle_poison(worker, status, held, culprit, task)
-        if self._restarts >= self._policy.max_worker_restarts:
-            raise give_up(
-                f"The restart budget is spent (max_worker_restarts="
-                f"{self._policy.max_worker_restarts}); raise it to tolerate more crashes."
-            )
-        self._restarts += 1
-        counters.restarts += 1
-        # Batches this worker finished but the user has not taken yet live in its
-        # memfd: map them now, before the pool closes our handle on it.
-        worker.arena.map_all(
-            [
-                d.message.payload.slot
-                for d in self._results.values()
-                if d.worker is worker
-                and isinstance(d.message, BatchDone)
-                and isinstance(d.message.payload, SlotPayload)
-            ]
-        )
-        summary = self._death_summary(worker, status, held, culprit)
-        self._killed_stuck.pop(worker.worker_id, None)
-        replacement = self._pool.replace(worker.worker_id)
-        resent = 0
-        for seq in held:
-            if seq in self._results:
-                continue  # settled by the poison handling
-            task = self._outstanding[seq]
-            task.sent_at = time.monotonic()
-            task.stall_reported = False
-            replacement.send(
-                Task(self._epoch, seq, task.index, trace=seq == culprit, exclude=task.exclude)
-            )
-            resent += 1
-        self._retried += resent
-        warnings.warn(
-            f"{summary} Started a replacement "
-            f"(restart {self._restarts} of {self._policy.max_worker_restarts}) and re-sent its "
-            f"{resent} unanswered task(s); no sample is lost or repeated.",
-            WorkerRestartedWarning,
-            stacklevel=5,
-        )
-
-    def _exit_reason(self, worker: Worker) -> str:
-        stuck = self._killed_stuck.get(worker.worker_id)
-        return stuck if stuck is not None else describe_exit(worker.process.exitcode)
-
-    def _culprit(self, status: WorkerStatus, held: list[int]) -> int | None:
-        """The task the worker was running when it died."""
-        if status.stage in (Stage.FETCH, Stage.COLLATE, Stage.TRANSFER):
-            if status.epoch == self._epoch and status.seq in held:
-                return status.seq
-            return None
-        return None
-
-    def _handle_poison(
-        self,
-        worker: Worker,
-        status: WorkerStatus,
-        held: list[int],
-        culprit: int,
-        task: _Outstanding,
-    ) -> None:
-        """The same task killed its worker twice: find the sample, skip or raise."""
-        indices = _indices(task.index, self._iterable)
-        poison = None
-        if status.stage is Stage.FETCH and 0 <= status.position < len(indices):
-            poison = indices[status.position]
-        if self._policy.on_error != "skip":
-            raise self._crash_error(
-                worker,
-                status,
-                held,
-                culprit,
-                note=(
-                    (
-                        f"Dataset index {poison!r} killed its worker twice (the first time, and "
-                        "again on retry): that sample is the cause, not the machine. Fix the "
-                        "sample, or pass on_error='skip' to leave it out."
-                    )
-                    if poison is not None
-                    else "This batch killed its worker twice (the first time, and again on "
-                    "retry), outside fetching samples; pass on_error='skip' to leave it out."
-                ),
-            )
-        why = f"killed its worker twice: {self._exit_reason(worker)}"
-        lost = (
-            (poison,) if poison is not None else tuple(i for i in indices if i not in task.exclude)
-        )
-        for index in lost:
-            self._skips.record(
-                index, worker.worker_id, "crash", "conveyor.errors.WorkerCrashedError", why
-            )
-        if poison is not None:
-            task.exclude = (*task.exclude, poison)
-            task.crashes = 0
-        else:  # nothing left to retry: settle the task as an empty batch
-            self._results[culprit] = _Done(BatchDone(self._epoch, culprit, None), worker)
-        if self._skips.over_budget():
-            note = self._skips.budget_note()
-            raise self._crash_error(worker, status, held, culprit, note=note)
-
-    # --- stalls and timeouts --------------------------------------------
-
-    def _report_stalls(self) -> None:
-        threshold = self._stall_threshold()
-        if threshold is None:
-            return
-        for worker, status in self._running():
-            task = self._outstanding.get(status.seq)
-            if status.age_s < threshold or status.epoch != self._epoch or task is None:
-                continue
-            if task.stall_reported or task.worker_id != worker.worker_id:
-                continue
-            task.stall_reported = True
-            assert status.stage is not None
-            warnings.warn(
-                f"DataLoader worker {worker.worker_id} (pid {worker.pid}) has spent "
-                f"{status.age_s:.0f} s on batch {status.seq} (dataset indices "
-                f"{_short(_indices(task.index, self._iterable))}), in stage "
-                f"{status.stage.value}; {self._typical_batch_time()}. "
-                "It may be stuck (a dead network mount, a lock, an endless loop). Its "
-                f"current Python stack:\n{self._pool.dump_stacks(worker) or '(unavailable)'}",
-                WorkerStallWarning,
-                stacklevel=5,
-            )
-
-    def _check_timeout(self) -> bool:
-        """Handle a worker busy past ``timeout``; True if one was found."""
-        if not self._timeout:
-            return False
-        stuck = [(w, s) for w, s in self._running() if s.age_s >= self._timeout]
-        if not stuck:
-            return False
-        worker, status = max(stuck, key=lambda ws: ws[1].age_s)
-        assert status.stage is not None
-        task = self._outstanding.get(status.seq) if status.epoch == self._epoch else None
-        indices = _indices(task.index, self._iterable) if task is not None else ()
-        doing = f"batch {status.seq} (dataset indices {_short(indices)})" if task else "start-up"
-        stacks = self._pool.dump_stacks(worker)
-        if self._policy.on_timeout == "restart":
-            self._killed_stuck[worker.worker_id] = (
-                f"stuck for {status.age_s:.1f} s in {status.stage.value}, past "
-                f"timeout={self._timeout}, so conveyor killed it"
-                + (f"; its Python stack then:\n{stacks}" if stacks else "")
-            )
-            self._pool.kill(worker)
-            worker.process.join()
-            self._recover(worker)
-            return True
-        self._pool.kill(worker)  # known stuck: teardown need not wait for it to stop
-        raise WorkerTimeoutError(
-            f"DataLoader timed out after {self._timeout} seconds: worker {worker.worker_id} "
-            f"(pid {worker.pid}) has been on {doing} for {status.age_s:.1f} s, in stage "
-            f"{status.stage.value}. Fix: find what blocks it (a slow disk or network read, a "
-            "lock), raise timeout, or pass on_timeout='restart' to kill the stuck worker "
-            "and retry." + (f"\nThe worker's current Python stack:\n{stacks}" if stacks else ""),
-            worker_id=worker.worker_id,
-            pid=worker.pid,
-            indices=indices,
-        )
-
     # --- errors ------------------------------------------------------------
 
-    def _task_error(self, message: TaskFailed, task: _Outstanding, worker: Worker) -> BaseException:
+    def _task_error(self, message: TaskFailed, task: Outstanding, worker: Worker) -> BaseException:
         exc = rebuild(message.error)
         return attach_worker_context(
             exc,
@@ -692,7 +400,7 @@ class MultiprocessIterator:
                 worker_id=worker.worker_id,
                 pid=worker.pid or -1,
                 stage=message.stage.value,
-                indices=_indices(task.index, self._iterable),
+                indices=indices_of(task.index, self._iterable),
                 traceback=message.error.traceback,
                 epoch=message.epoch,
                 seq=message.seq,
@@ -720,47 +428,6 @@ class MultiprocessIterator:
         error.__cause__ = exc
         return attach_worker_context(error, context)
 
-    def _death_summary(
-        self, worker: Worker, status: WorkerStatus, held: list[int], culprit: int | None
-    ) -> str:
-        exit_text = self._exit_reason(worker)
-        where = ""
-        if status.stage is not None:
-            where = f" during {status.stage.value}"
-            if culprit is not None:
-                task = self._outstanding[culprit]
-                indices = _indices(task.index, self._iterable)
-                where += f" of batch {culprit} (dataset indices {_short(indices)})"
-                if 0 <= status.position < len(indices) and status.stage is Stage.FETCH:
-                    where += f", at dataset index {indices[status.position]!r}"
-        holding = [
-            i for seq in held for i in _indices(self._outstanding[seq].index, self._iterable)
-        ]
-        held_text = f" It held dataset indices {_short(tuple(holding))}." if holding else ""
-        return (
-            f"DataLoader worker {worker.worker_id} (pid {worker.pid}) exited "
-            f"unexpectedly{where}: {exit_text}.{held_text}"
-        )
-
-    def _crash_error(
-        self,
-        worker: Worker,
-        status: WorkerStatus,
-        held: list[int],
-        culprit: int | None,
-        note: str,
-    ) -> WorkerCrashedError:
-        indices = tuple(
-            i for seq in held for i in _indices(self._outstanding[seq].index, self._iterable)
-        )
-        return WorkerCrashedError(
-            f"{self._death_summary(worker, status, held, culprit)} {note}",
-            worker_id=worker.worker_id,
-            pid=worker.pid,
-            exitcode=worker.process.exitcode,
-            indices=indices,
-        )
-
     def _warn_slots_exhausted(self, worker: Worker) -> None:
         if self._warned_inline:
             return
@@ -786,38 +453,3 @@ class MultiprocessIterator:
                 UserWarning,
                 stacklevel=3,
             )
-
-
-def _indices(index: Any, iterable: bool) -> tuple[Any, ...]:
-    if iterable:
-        return ()
-    return tuple(index) if isinstance(index, (list, tuple)) else (index,)
-
-
-def _batch_size(batch: Any) -> int:
-    """Samples in a collated batch, best effort (for statistics only)."""
-    node = batch
-    for _ in range(8):
-        shape = getattr(node, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else 1
-        if isinstance(node, dict) and node:
-            node = next(iter(node.values()))
-        elif isinstance(node, (list, tuple)) and node:
-            if isinstance(node[0], (str, bytes, int, float)):
-                return len(node)
-            node = node[0]
-        else:
-            break
-    return 1
-
-
-def _short(indices: tuple[Any, ...], limit: int = 16) -> str:
-    shown = ", ".join(repr(i) for i in indices[:limit])
-    return f"[{shown}{', ...' if len(indices) > limit else ''}]"
-
-
-def _own_pid() -> int:
-    import os
-
-    return os.getpid()
