@@ -64,9 +64,35 @@ def _loader(start_method: str, **kwargs: Any) -> DataLoader:
 
 
 def _track(workers: list[psutil.Process], pid: int) -> None:
-    """Note the worker that made a batch (while it runs: psutil needs it alive)."""
-    if pid not in [w.pid for w in workers]:
+    """Note the worker that made a batch (while it runs: psutil needs it alive).
+
+    A worker may already be gone: with forkserver its parent (the fork server)
+    reaps it at once, so one that dies right after its batch (DiesAt5, on a
+    loaded machine) cannot be looked up any more. That one is gone, as wanted.
+    """
+    if pid in [w.pid for w in workers]:
+        return
+    try:
         workers.append(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        workers.append(_Gone(pid))  # type: ignore[arg-type]
+
+
+class _Gone:
+    """A worker that exited and was reaped before it could be looked up: it
+    answers the leak helpers (is_alive, describe) the way a vanished process does."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def is_running(self) -> bool:
+        return False
+
+    def status(self) -> str:
+        raise psutil.NoSuchProcess(self.pid)
+
+    def cmdline(self) -> list[str]:
+        raise psutil.NoSuchProcess(self.pid)
 
 
 def _take_worker_pids(it: Iterator[Any]) -> list[psutil.Process]:
