@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -214,7 +214,6 @@ class WorkerContext:
     traceback: str = ""
     epoch: int = 0
     seq: int = -1
-    notes: tuple[str, ...] = field(default=())
 
     def describe(self) -> str:
         where = f"worker {self.worker_id} (pid {self.pid}) during {self.stage}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -20,6 +19,7 @@ from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.policy import SupervisionPolicy
 from .dataset import is_iterable_dataset
+from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
 from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
@@ -322,11 +322,8 @@ class DataLoader:
         """Warn, as torch does, when asking for more workers than usable CPUs."""
         if self.num_workers == 0:
             return
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 0
-        if cpus and self.num_workers > cpus:
+        cpus = environment.affinity()  # torch counts the affinity mask too
+        if self.num_workers > cpus:
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. "
                 f"Our suggested max number of worker in current system is {cpus}, which is "

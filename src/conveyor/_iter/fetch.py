@@ -11,6 +11,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
+def as_list(index: Any) -> list[Any]:
+    """A sampler's output as a list of dataset indices (batch_size=None gives one)."""
+    return index if isinstance(index, list) else [index]
+
+
 class MapFetcher:
     def __init__(
         self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]

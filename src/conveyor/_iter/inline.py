@@ -6,9 +6,10 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..collate import collate_context
 from ..errors import add_note
 from ..sampling import draw_base_seed
-from .fetch import IterableFetcher, MapFetcher
+from .fetch import IterableFetcher, MapFetcher, as_list
 from .pinning import pin_batch
 from .skips import SkipLedger, type_path
 
@@ -69,7 +70,7 @@ class InlineIterator:
             index = next(self._sampler_iter)
             if not self._skipping:
                 data = self._fetcher.fetch(index)
-                return self._collate(data, None if self._loader._is_iterable else _as_list(index))
+                return self._collate(data, None if self._loader._is_iterable else as_list(index))
             batch = self._fetch_and_collate_skipping(index)
             if batch is not _NOTHING_LEFT:
                 return batch
@@ -77,7 +78,7 @@ class InlineIterator:
     def _fetch_and_collate_skipping(self, index: Any) -> Any:
         """``on_error="skip"``: leave out samples (or a batch) that raise; record them."""
         assert isinstance(self._fetcher, MapFetcher)
-        samples, kept, failed = self._fetcher.fetch_each(_as_list(index), tolerate=True)
+        samples, kept, failed = self._fetcher.fetch_each(as_list(index), tolerate=True)
         for i, exc in failed:
             self._skip(i, "fetch", exc)
         if not samples:
@@ -96,14 +97,8 @@ class InlineIterator:
             raise add_note(exc, self._skips.budget_note())
 
     def _collate(self, data: Any, indices: list[Any] | None) -> Any:
-        from ..collate import collate_context
-
         with collate_context(indices):
             return self._fetcher.collate_fn(data)
 
 
 _NOTHING_LEFT = object()  # every sample of the batch was skipped
-
-
-def _as_list(index: Any) -> list[Any]:
-    return index if isinstance(index, list) else [index]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .._transport.codec import SlotPayload
 from .._workers.exits import describe_exit
-from .._workers.pool import Worker, WorkerPool
+from .._workers.pool import Worker
 from .._workers.protocol import BatchDone, SampleFailed, Stage, Task
 from .._workers.remote_error import rebuild
 from .._workers.status import WorkerStatus, read_status
@@ -22,30 +22,11 @@ from ..errors import (
     add_note,
     attach_worker_context,
 )
-from .policy import SupervisionPolicy
-from .skips import SkipLedger
-from .tasks import Done, Outstanding, WorkerCounters, indices_of, short
+from .tasks import Done, IteratorState, Outstanding, indices_of, short
 
 
-class Recovery:
+class Recovery(IteratorState):
     """Replaces dead workers and keeps the record of skipped samples."""
-
-    # State kept by MultiprocessIterator (declared here for the type checker).
-    _epoch: int
-    _iterable: bool
-    _timeout: float
-    _policy: SupervisionPolicy
-    _pool: WorkerPool
-    _workers: list[Worker]
-    _outstanding: dict[int, Outstanding]
-    _results: dict[int, Done]
-    _counters: list[WorkerCounters]
-    _skips: SkipLedger
-    _restarts: int
-    _retried: int
-    _killed_stuck: dict[int, str]
-    _batch_time: float
-    _recheck_at: float
 
     if TYPE_CHECKING:
 

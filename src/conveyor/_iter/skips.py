@@ -20,6 +20,7 @@ class SkipLedger:
         self.epoch = 0
         self._epoch_start = len(records)
         self._budget: int | None = None
+        self._poison = {s.index for s in records if s.stage == "crash"}
 
     def start_epoch(self, epoch: int, epoch_samples: int | None) -> None:
         self.epoch = epoch
@@ -32,6 +33,8 @@ class SkipLedger:
         self.records.append(
             SkippedSample(index, self.epoch, worker_id, stage, exception_type, message)
         )
+        if stage == "crash":
+            self._poison.add(index)
 
     @property
     def lost_this_epoch(self) -> int:
@@ -50,7 +53,7 @@ class SkipLedger:
 
     def poison(self) -> set[Any]:
         """Samples that killed their worker: left out up front in later tasks."""
-        return {s.index for s in self.records if s.stage == "crash"}
+        return self._poison  # kept as records arrive: this is asked once per task
 
     def log_epoch_summary(self) -> None:
         skipped = self.records[self._epoch_start :]

@@ -6,8 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._workers.pool import Worker
+from .._workers.pool import Worker, WorkerPool
 from .._workers.protocol import BatchDone, IterationEnded, TaskFailed
+from .policy import SupervisionPolicy
+from .skips import SkipLedger
 
 
 class UserError(Exception):
@@ -41,6 +43,27 @@ class WorkerCounters:
     restarts: int = 0
     init_crashes: int = 0
     since: float = field(default_factory=time.monotonic)
+
+
+class IteratorState:
+    """The state MultiprocessIterator keeps, declared for its mixins (Recovery,
+    Watchdog) so the type checker knows what they may use."""
+
+    _epoch: int
+    _iterable: bool
+    _timeout: float
+    _policy: SupervisionPolicy
+    _pool: WorkerPool
+    _workers: list[Worker]
+    _outstanding: dict[int, Outstanding]
+    _results: dict[int, Done]
+    _counters: list[WorkerCounters]
+    _skips: SkipLedger
+    _restarts: int
+    _retried: int
+    _killed_stuck: dict[int, str]
+    _batch_time: float
+    _recheck_at: float
 
 
 def indices_of(index: Any, iterable: bool) -> tuple[Any, ...]:

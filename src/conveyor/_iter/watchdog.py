@@ -10,38 +10,19 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
-from .._workers.pool import Worker, WorkerPool
+from .._workers.pool import Worker
 from .._workers.status import WorkerStatus, read_status
 from ..errors import (
     WorkerStallWarning,
     WorkerTimeoutError,
 )
-from .policy import SupervisionPolicy
-from .skips import SkipLedger
-from .tasks import Done, Outstanding, WorkerCounters, indices_of, short
+from .tasks import IteratorState, indices_of, short
 
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
 
 
-class Watchdog:
+class Watchdog(IteratorState):
     """Reports stalled tasks with the worker's stack; enforces ``timeout``."""
-
-    # State kept by MultiprocessIterator (declared here for the type checker).
-    _epoch: int
-    _iterable: bool
-    _timeout: float
-    _policy: SupervisionPolicy
-    _pool: WorkerPool
-    _workers: list[Worker]
-    _outstanding: dict[int, Outstanding]
-    _results: dict[int, Done]
-    _counters: list[WorkerCounters]
-    _skips: SkipLedger
-    _restarts: int
-    _retried: int
-    _killed_stuck: dict[int, str]
-    _batch_time: float
-    _recheck_at: float
 
     if TYPE_CHECKING:
 

@@ -22,10 +22,10 @@ import cloudpickle
 import numpy as np
 
 from .. import _torch
-from .._iter.fetch import IterableFetcher, MapFetcher
+from .._iter.fetch import IterableFetcher, MapFetcher, as_list
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
-from ..collate import default_collate, default_convert, make_tensors_in_main
+from ..collate import collate_context, default_collate, default_convert, make_tensors_in_main
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
@@ -169,7 +169,7 @@ def _run(
     stage = Stage.FETCH
     batch: Any = None
     skipped: list[SampleFailed] = []
-    indices = None if isinstance(fetcher, IterableFetcher) else _as_list(task.index)
+    indices = None if isinstance(fetcher, IterableFetcher) else as_list(task.index)
     try:
         try:
             if isinstance(fetcher, MapFetcher) and (task.trace or task.exclude or skip_errors):
@@ -208,7 +208,7 @@ def _fetch_each(
     fetcher: MapFetcher, task: Task, status: StatusWriter, tolerate: bool
 ) -> tuple[Any, list[Any], list[tuple[Any, Exception]]]:
     """Fetch one sample at a time; ``data`` is None when none is left."""
-    index = _as_list(task.index)
+    index = as_list(task.index)
     samples, kept, failed = fetcher.fetch_each(
         index,
         exclude=task.exclude,
@@ -220,13 +220,7 @@ def _fetch_each(
     return (samples if fetcher.auto_collation else samples[0]), kept, failed
 
 
-def _as_list(index: Any) -> list[Any]:
-    return index if isinstance(index, list) else [index]
-
-
 def _collate(collate_fn: Callable[[Any], Any], data: Any, indices: list[Any] | None) -> Any:
-    from ..collate import collate_context
-
     with collate_context(indices):
         return collate_fn(data)
 

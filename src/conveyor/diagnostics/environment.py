@@ -55,12 +55,16 @@ class Cpus:
         return self.quota is not None and self.usable < self.affinity
 
 
-def cpus() -> Cpus:
+def affinity() -> int:
+    """CPUs this process may run on (the affinity mask; no cgroup files read)."""
     try:
-        affinity = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        affinity = os.cpu_count() or 1
-    return Cpus(affinity, _cpu_quota())
+        return os.cpu_count() or 1
+
+
+def cpus() -> Cpus:
+    return Cpus(affinity(), _cpu_quota())
 
 
 def _cgroup_dirs(controller: str) -> list[Path]:

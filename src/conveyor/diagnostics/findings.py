@@ -83,7 +83,7 @@ class Report:
         if not self.findings:
             return f"{title}: no problems found."
         counts = [
-            _count(len(group), name)
+            plural(len(group), name)
             for group, name in ((self.errors, "error"), (self.warnings, "warning"))
             if group
         ]
@@ -103,7 +103,7 @@ class Report:
 _HEADINGS = {Severity.ERROR: "ERRORS", Severity.WARNING: "WARNINGS", Severity.INFO: "NOTES"}
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 

@@ -155,7 +155,7 @@ def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None
             ("worker_init_fn", obj.worker_init_fn),
         )
         workers = obj.num_workers if num_workers is None else num_workers
-        method = _start_method(context or obj.multiprocessing_context)
+        method = start_method(context or obj.multiprocessing_context)
         return _Target(
             roots=roots,
             start_method=method,
@@ -168,7 +168,7 @@ def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None
         )
     return _Target(
         roots=(("dataset", obj),),
-        start_method=_start_method(context),
+        start_method=start_method(context),
         num_workers=environment.cpus().usable if num_workers is None else num_workers,
         prefetch_factor=2,
         batch_size=1,
@@ -178,7 +178,7 @@ def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None
     )
 
 
-def _start_method(context: str | BaseContext | None) -> str:
+def start_method(context: str | BaseContext | None) -> str:
     """The start method, without fixing multiprocessing's default as a side effect."""
     if isinstance(context, BaseContext):
         return context.get_start_method()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import operator
-import os
 import pickle
 import statistics
 import sys
@@ -16,6 +14,8 @@ from functools import partial
 from typing import Any
 
 from conveyor.dataset import is_iterable_dataset
+from conveyor.diagnostics import preflight
+from conveyor.diagnostics.environment import affinity
 from conveyor.diagnostics.findings import Finding, Report
 from conveyor.diagnostics.preflight import check
 from conveyor.doctor.profile import LoaderRun, Profile
@@ -41,7 +41,7 @@ def examine(
 ) -> tuple[Report, Profile]:
     """Run the pre-flight and every measurement for ``target``."""
     counts = tuple(workers) if workers else tuple(sorted({0, 2, target.num_workers}))
-    method = start_method or target.start_method or _default_start_method()
+    method = start_method or target.start_method or preflight.start_method(None)
     size = batch_size or target.batch_size
     most = max(counts)
     with warnings.catch_warnings():
@@ -76,17 +76,8 @@ def examine(
     return report, profile
 
 
-def _default_start_method() -> str:
-    """The platform's default (the first listed), without making it multiprocessing's."""
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    return chosen or multiprocessing.get_all_start_methods()[0]
-
-
 def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+    return affinity()
 
 
 # --- one sample at a time, in-process ---------------------------------------------------

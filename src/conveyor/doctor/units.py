@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conveyor.diagnostics.findings import plural  # one definition, re-exported here
+
 __all__ = ["fmt_bytes", "fmt_seconds", "plural"]
 
 
@@ -19,8 +21,3 @@ def fmt_bytes(count: float) -> str:
         if count < 1000 or unit == "GB":
             break
     return f"{count:.1f} {unit}"
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 error``, ``2 errors``."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
