@@ -17,6 +17,7 @@ for ``torch.utils.data.DataLoader`` keep working::
     │   └── CollateTypeError (TypeError)      an element type collate cannot batch
     ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
+        └── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
 
 Warnings (the loader keeps going)::
 
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
+    "PrefetchFactorError",
     "PreflightWarning",
     "SharedMemoryExhaustedError",
     "UnpicklableError",
@@ -197,6 +199,10 @@ class CollateTypeError(CollateError, TypeError):
 
 class ConfigError(ConveyorError, ValueError):
     """An argument has a value that conveyor cannot work with."""
+
+
+class PrefetchFactorError(ConfigError, AssertionError):
+    """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
 
 
 def _rebuild_with_kwargs(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -17,11 +17,11 @@ from typing import Any
 from . import collate as _collate
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
-from ._iter.policy import SupervisionPolicy
+from .config import LoaderConfig, LoaderHistory, StartMethod, SupervisionPolicy
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
-from .errors import ConfigError
+from .errors import ConfigError, PrefetchFactorError
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
@@ -30,10 +30,6 @@ __all__ = ["DataLoader"]
 _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
-
-
-class PrefetchFactorError(ConfigError, AssertionError):
-    """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
 
 
 class DataLoader:
@@ -123,12 +119,11 @@ class DataLoader:
         )
         if not isinstance(preflight, bool):
             raise ConfigError(f"preflight must be True or False, got {preflight!r}")
+        self._preflight = preflight
         self._preflight_pending = preflight  # checked on the first iteration with workers
         self._is_iterable = is_iterable_dataset(dataset)
         self._last_iterator: weakref.ref[Any] | None = None
-        self._skipped_log: list[SkippedSample] = []  # appended to by the iterators
-        self._epochs_started = 0
-        self._final_statistics: LoaderStatistics | None = None
+        self._history = LoaderHistory()  # epochs, skipped samples, last statistics
 
         if self._is_iterable:
             if shuffle not in {False, None}:
@@ -187,9 +182,9 @@ class DataLoader:
             )
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._iterable_len_called: int | None = None
         self._iterator: MultiprocessIterator | None = None
         self._initialized = True
+        self._config = self._build_config()
         self.check_worker_number_rationality()
 
     # --- torch's attribute rules -------------------------------------------
@@ -200,6 +195,33 @@ class DataLoader:
                 f"{name} attribute should not be set after {type(self).__name__} is initialized"
             )
         super().__setattr__(name, value)
+        if self._initialized and not name.startswith("_"):
+            # torch lets some arguments change after __init__ (num_workers,
+            # collate_fn, timeout...): the config follows them.
+            super().__setattr__("_config", self._build_config())
+
+    def _build_config(self) -> LoaderConfig:
+        return LoaderConfig(
+            dataset=self.dataset,
+            collate_fn=self.collate_fn,
+            worker_init_fn=self.worker_init_fn,
+            sampler=self.sampler,
+            batch_sampler=self.batch_sampler,
+            iterable=self._is_iterable,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            generator=self.generator,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor or 0,
+            timeout=self.timeout,
+            in_order=self.in_order,
+            persistent_workers=self.persistent_workers,
+            pin_memory=self.pin_memory,
+            pin_memory_device=self.pin_memory_device,
+            start_method=StartMethod.of(self._multiprocessing_context),
+            policy=self._policy,
+            preflight=self._preflight,
+        )
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
@@ -241,11 +263,12 @@ class DataLoader:
 
     def __iter__(self) -> InlineIterator | MultiprocessIterator:
         iterator: InlineIterator | MultiprocessIterator
+        config = self._config
         if self.num_workers > 0 and self._preflight_pending:
-            run_automatic(self)  # raises an ERROR before any worker starts, warns once
+            run_automatic(config)  # raises an ERROR before any worker starts, warns once
             self._preflight_pending = False
         if self.num_workers == 0:
-            iterator = InlineIterator(self)
+            iterator = InlineIterator(config, self._history)
         elif self.prefetch_factor == 0:
             raise PrefetchFactorError(
                 "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
@@ -253,11 +276,11 @@ class DataLoader:
             )
         elif not self.persistent_workers:
             self.check_worker_number_rationality()
-            iterator = MultiprocessIterator(self)
-        elif self._iterator is None or self._iterator._closed:
-            iterator = self._iterator = MultiprocessIterator(self)
+            iterator = MultiprocessIterator(config, self._history)
+        elif self._iterator is None or self._iterator.closed:
+            iterator = self._iterator = MultiprocessIterator(config, self._history)
         else:
-            self._iterator._reset()
+            self._iterator.reset()
             iterator = self._iterator
         # A weak reference: holding the iterator would keep its workers alive
         # after the user's loop is gone.
@@ -270,53 +293,25 @@ class DataLoader:
         """Restarts, retries, skipped samples, in-flight tasks and per-worker
         throughput of the current (or last) iteration; None before the first."""
         iterator = self._last_iterator() if self._last_iterator is not None else None
-        if isinstance(iterator, MultiprocessIterator) and not iterator._closed:
-            return iterator.statistics()
-        return self._final_statistics
+        if iterator is not None and not iterator.closed:
+            statistics: LoaderStatistics = iterator.statistics()
+            return statistics
+        return self._history.last_statistics
 
     @property
     def skipped_samples(self) -> tuple[SkippedSample, ...]:
         """Every sample left out under ``on_error="skip"``, with its epoch and reason."""
-        return tuple(self._skipped_log)
-
-    def _next_epoch(self) -> int:
-        self._epochs_started += 1
-        return self._epochs_started - 1
+        return tuple(self._history.skipped)
 
     def __len__(self) -> int:
         if self._is_iterable:
-            length = self._iterable_len_called = len(self.dataset)
+            length = self._history.iterable_len = len(self.dataset)
             if self.batch_size is not None:
                 if self.drop_last:
                     return length // self.batch_size
                 return math.ceil(length / self.batch_size)
             return length
         return len(self._index_sampler)
-
-    def _context(self) -> BaseContext:
-        return self._multiprocessing_context or multiprocessing.get_context()
-
-    def _pin_memory_enabled(self) -> bool:
-        if not self.pin_memory:
-            return False
-        try:
-            import torch
-        except ImportError:
-            return False
-        if self.pin_memory_device:
-            warnings.warn(
-                "pin_memory_device is deprecated, the current accelerator will be used as the "
-                f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
-                stacklevel=3,
-            )
-        if not torch.accelerator.is_available():
-            warnings.warn(
-                "'pin_memory' argument is set as true but no accelerator is found, then device "
-                "pinned memory won't be used.",
-                stacklevel=3,
-            )
-            return False
-        return True
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when asking for more workers than usable CPUs."""

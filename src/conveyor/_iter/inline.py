@@ -1,104 +1,104 @@
-"""``num_workers=0``: fetch and collate in the calling process."""
+"""``num_workers=0``: run each task in the calling process."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..collate import collate_context
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from ..config import LoaderConfig, LoaderHistory
 from ..errors import add_note
+from ..records import LoaderStatistics
 from ..sampling import draw_base_seed
-from .fetch import IterableFetcher, MapFetcher, as_list
-from .pinning import pin_batch
+from .batches import batch_size_of
+from .pinning import pin_batch, pinning_enabled
 from .skips import SkipLedger, type_path
-
-if TYPE_CHECKING:
-    from ..loader import DataLoader
 
 
 class InlineIterator:
-    def __init__(self, loader: DataLoader) -> None:
-        self._loader = loader
-        self._index_sampler = loader._index_sampler
-        self._sampler_iter: Iterator[Any] = iter(self._index_sampler)
+    def __init__(self, config: LoaderConfig, history: LoaderHistory) -> None:
+        self._config = config
+        self._history = history
+        self._sampler_iter: Iterator[Any] = iter(config.index_sampler)
         # Drawn as torch draws it, so the generator advances identically.
-        draw_base_seed(loader.generator)
-        self._pin = loader._pin_memory_enabled()
-        self._len_hint = loader._iterable_len_called
+        draw_base_seed(config.generator)
+        self._pin = pinning_enabled(config)
         self._num_yielded = 0
-        self._skipping = loader._policy.on_error == "skip" and not loader._is_iterable
-        self._skips = SkipLedger(loader._skipped_log, loader._policy)
-        try:
-            epoch_samples: int | None = len(loader.sampler)
-        except TypeError:
-            epoch_samples = None
-        self._skips.start_epoch(loader._next_epoch(), epoch_samples)
-        self._fetcher: MapFetcher | IterableFetcher
-        if loader._is_iterable:
-            self._fetcher = IterableFetcher(
-                loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
-            )
-        else:
-            self._fetcher = MapFetcher(loader.dataset, loader._auto_collation, loader.collate_fn)
+        self._samples_yielded = 0
+        self.closed = False
+        self._epoch = history.next_epoch()
+        self._skips = SkipLedger(history.skipped, config.policy)
+        self._skips.start_epoch(self._epoch, config.epoch_samples())
+        self._runner = TaskRunner(
+            config.dataset,
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            collate_fn=config.collate_fn,
+            drop_last=config.drop_last,
+            skip_errors=config.policy.skipping,
+        )
 
     def __iter__(self) -> InlineIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._index_sampler)
+        return len(self._config.index_sampler)
 
     def __next__(self) -> Any:
         try:
             batch = self._next_batch()
         except StopIteration:
-            self._skips.log_epoch_summary()
+            self._end()
             raise
         self._num_yielded += 1
-        if self._len_hint is not None and self._num_yielded > self._len_hint:
+        self._samples_yielded += batch_size_of(batch)
+        len_hint = self._history.iterable_len
+        if len_hint is not None and self._num_yielded > len_hint:
             warnings.warn(
-                f"Length of IterableDataset {self._loader.dataset} was reported to be "
-                f"{self._len_hint} (when accessing len(dataloader)), but {self._num_yielded} "
+                f"Length of IterableDataset {self._config.dataset} was reported to be "
+                f"{len_hint} (when accessing len(dataloader)), but {self._num_yielded} "
                 "samples have been fetched.",
                 UserWarning,
                 stacklevel=2,
             )
         return pin_batch(batch) if self._pin else batch
 
+    def _end(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._skips.log_epoch_summary()
+            self._history.last_statistics = self.statistics()
+
+    def statistics(self) -> LoaderStatistics:
+        return LoaderStatistics(
+            epoch=self._epoch,
+            batches=self._num_yielded,
+            samples=self._samples_yielded,
+            worker_restarts=0,
+            tasks_retried=0,
+            samples_skipped=len(self._skips.records),
+            in_flight=(),
+            workers=(),
+        )
+
     def _next_batch(self) -> Any:
         while True:
-            index = next(self._sampler_iter)
-            if not self._skipping:
-                data = self._fetcher.fetch(index)
-                return self._collate(data, None if self._loader._is_iterable else as_list(index))
-            batch = self._fetch_and_collate_skipping(index)
-            if batch is not _NOTHING_LEFT:
-                return batch
+            outcome = self._runner.run(next(self._sampler_iter))
+            match outcome:
+                case Collated(batch=batch, left_out=left_out):
+                    self._skip(left_out)
+                    return batch
+                case NothingLeft(left_out=left_out):
+                    self._skip(left_out)
+                case Failed(error=error):
+                    raise error
+                case Exhausted():
+                    raise StopIteration
 
-    def _fetch_and_collate_skipping(self, index: Any) -> Any:
-        """``on_error="skip"``: leave out samples (or a batch) that raise; record them."""
-        assert isinstance(self._fetcher, MapFetcher)
-        samples, kept, failed = self._fetcher.fetch_each(as_list(index), tolerate=True)
-        for i, exc in failed:
-            self._skip(i, "fetch", exc)
-        if not samples:
-            return _NOTHING_LEFT
-        data = samples if self._loader._auto_collation else samples[0]
-        try:
-            return self._collate(data, kept)
-        except Exception as exc:
-            for i in kept:
-                self._skip(i, "collate", exc)
-            return _NOTHING_LEFT
-
-    def _skip(self, index: Any, stage: str, exc: Exception) -> None:
-        self._skips.record(index, None, stage, type_path(exc), str(exc))
-        if self._skips.over_budget():
-            raise add_note(exc, self._skips.budget_note())
-
-    def _collate(self, data: Any, indices: list[Any] | None) -> Any:
-        with collate_context(indices):
-            return self._fetcher.collate_fn(data)
-
-
-_NOTHING_LEFT = object()  # every sample of the batch was skipped
+    def _skip(self, left_out: tuple[LeftOut, ...]) -> None:
+        for item in left_out:
+            error = item.error
+            self._skips.record(item.index, None, item.stage.value, type_path(error), str(error))
+            if self._skips.over_budget():
+                raise add_note(error, self._skips.budget_note())

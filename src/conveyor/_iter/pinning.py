@@ -2,8 +2,35 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..config import LoaderConfig
+
+
+def pinning_enabled(config: LoaderConfig) -> bool:
+    """Whether batches get pinned; warns as torch does when they cannot be."""
+    if not config.pin_memory:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    if config.pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the "
+            f"device, ignore pin_memory_device='{config.pin_memory_device}'.",
+            stacklevel=4,
+        )
+    if not torch.accelerator.is_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, then device "
+            "pinned memory won't be used.",
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 def pin_batch(batch: Any) -> Any:

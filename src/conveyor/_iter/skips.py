@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..config import SupervisionPolicy
 from ..records import SkippedSample
-from .policy import SupervisionPolicy
 
 log = logging.getLogger("conveyor")
 
@@ -35,6 +35,10 @@ class SkipLedger:
         )
         if stage == "crash":
             self._poison.add(index)
+
+    def mark_poison(self, indices: tuple[Any, ...]) -> None:
+        """Samples found to kill workers: left out of every later task, at once."""
+        self._poison.update(indices)
 
     @property
     def lost_this_epoch(self) -> int:

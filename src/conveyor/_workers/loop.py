@@ -7,12 +7,15 @@ happened in and sent back; the main process decides what to do.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import faulthandler
 import mmap
 import os
 import pickle
 import random
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -22,10 +25,11 @@ import cloudpickle
 import numpy as np
 
 from .. import _torch
-from .._iter.fetch import IterableFetcher, MapFetcher, as_list
+from .._compat import assert_never
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
-from ..collate import collate_context, default_collate, default_convert, make_tensors_in_main
+from ..collate import default_collate, default_convert, make_tensors_in_main
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
@@ -33,6 +37,7 @@ from .fds import InheritedFd
 from .protocol import (
     BatchDone,
     IterationEnded,
+    MainMessage,
     Ready,
     SampleFailed,
     Stage,
@@ -84,6 +89,10 @@ def worker_main(
     # Ctrl-C reaches the whole process group; the main process alone handles
     # it and stops us, so the user sees one KeyboardInterrupt, not one per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Lead a process group of our own: what the dataset starts (a decoder, a
+    # multiprocessing.Pool) joins it, and teardown kills the group after us.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     parent_watch.die_with_parent(spec.parent_pid)
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
@@ -129,106 +138,85 @@ def _serve(
     encoder: Encoder,
     status: StatusWriter,
 ) -> None:
-    fetcher: MapFetcher | IterableFetcher
-    if spec.iterable:
-        fetcher = IterableFetcher(
-            objects.dataset, spec.auto_collation, objects.collate_fn, spec.drop_last
-        )
-    else:
-        fetcher = MapFetcher(objects.dataset, spec.auto_collation, objects.collate_fn)
+    runner = TaskRunner(
+        objects.dataset,
+        iterable=spec.iterable,
+        auto_collation=spec.auto_collation,
+        collate_fn=objects.collate_fn,
+        drop_last=spec.drop_last,
+        skip_errors=spec.skip_errors,
+    )
     epoch = -1
     while True:
         try:
-            message = tasks.recv()
+            message: MainMessage = tasks.recv()
         except (EOFError, OSError):
             return  # the main process is gone
-        if isinstance(message, Stop):
-            return
-        assert isinstance(message, Task)
-        encoder.arena.release(message.released)
-        if message.epoch != epoch:
-            epoch = message.epoch
-            if isinstance(fetcher, IterableFetcher):
-                fetcher.restart()
-        status.begin(message.epoch, message.seq)
-        reply = _run(message, fetcher, encoder, status, spec.skip_errors)
-        status.idle()
-        try:
-            results.send(reply)
-        except (BrokenPipeError, OSError):
-            return
+        match message:
+            case Stop():
+                return
+            case Task():
+                encoder.arena.release(message.released)
+                if message.epoch != epoch:
+                    epoch = message.epoch
+                    runner.new_epoch()
+                started = time.perf_counter()
+                status.begin(message.epoch, message.seq)
+                reply = _run(message, runner, encoder, status)
+                status.idle()
+                if isinstance(reply, BatchDone):
+                    reply = dataclasses.replace(reply, busy_s=time.perf_counter() - started)
+                try:
+                    results.send(reply)
+                except (BrokenPipeError, OSError):
+                    return
+            case _:
+                assert_never(message)
 
 
 def _run(
-    task: Task,
-    fetcher: MapFetcher | IterableFetcher,
-    encoder: Encoder,
-    status: StatusWriter,
-    skip_errors: bool,
-) -> Any:
-    stage = Stage.FETCH
-    batch: Any = None
-    skipped: list[SampleFailed] = []
-    indices = None if isinstance(fetcher, IterableFetcher) else as_list(task.index)
-    try:
-        try:
-            if isinstance(fetcher, MapFetcher) and (task.trace or task.exclude or skip_errors):
-                data, indices, failed = _fetch_each(fetcher, task, status, skip_errors)
-                skipped = [SampleFailed(i, Stage.FETCH, capture(e)) for i, e in failed]
-                if data is None:
-                    return BatchDone(task.epoch, task.seq, None, tuple(skipped))
-            else:
-                data = fetcher.fetch(task.index)
-        except StopIteration:
-            if isinstance(fetcher, IterableFetcher):
-                return IterationEnded(task.epoch, task.seq)
-            raise
-        stage = Stage.COLLATE
-        status.stage(stage)
-        with encoder.collating():
-            batch = _collate(fetcher.collate_fn, data, indices)
-        stage = Stage.TRANSFER
-        status.stage(stage)
-        return BatchDone(task.epoch, task.seq, encoder.encode(batch), tuple(skipped))
-    except Exception as exc:
-        if stage is Stage.TRANSFER and isinstance(exc, (pickle.PicklingError, TypeError)):
-            # Pickling failures get the culprit's path; UnpicklableError is both
-            # of these types, so nothing the user catches changes. Any other
-            # exception (one a __reduce__ raised itself) keeps its own type.
-            exc = _explain_unsendable(batch, exc, task.index)
-        if skip_errors and indices:
-            # The whole batch goes: record each of its samples with the error.
-            error = capture(exc)
-            skipped += [SampleFailed(i, stage, error) for i in indices]
-            return BatchDone(task.epoch, task.seq, None, tuple(skipped))
-        return TaskFailed(task.epoch, task.seq, stage, capture(exc))
-
-
-def _fetch_each(
-    fetcher: MapFetcher, task: Task, status: StatusWriter, tolerate: bool
-) -> tuple[Any, list[Any], list[tuple[Any, Exception]]]:
-    """Fetch one sample at a time; ``data`` is None when none is left."""
-    index = as_list(task.index)
-    samples, kept, failed = fetcher.fetch_each(
-        index,
+    task: Task, runner: TaskRunner, encoder: Encoder, status: StatusWriter
+) -> BatchDone | TaskFailed | IterationEnded:
+    outcome = runner.run(
+        task.index,
         exclude=task.exclude,
-        tolerate=tolerate,
-        on_position=status.position if task.trace else None,
+        trace=task.trace,
+        progress=status,
+        collating=encoder.collating,
     )
-    if not samples:
-        return None, kept, failed
-    return (samples if fetcher.auto_collation else samples[0]), kept, failed
+    if isinstance(outcome, Collated):
+        status.stage(Stage.TRANSFER)
+        try:
+            payload = encoder.encode(outcome.batch)
+        except Exception as exc:
+            if isinstance(exc, (pickle.PicklingError, TypeError)):
+                # Pickling failures get the culprit's path; UnpicklableError is both
+                # of these types, so nothing the user catches changes. Any other
+                # exception (one a __reduce__ raised itself) keeps its own type.
+                exc = _explain_unsendable(outcome.batch, exc, outcome.indices or [])
+            outcome = runner.batch_failed(Stage.TRANSFER, exc, outcome.indices, outcome.left_out)
+        else:
+            return BatchDone(task.epoch, task.seq, payload, _sent(outcome.left_out))
+    match outcome:
+        case NothingLeft(left_out=left_out):
+            return BatchDone(task.epoch, task.seq, None, _sent(left_out))
+        case Failed(stage=stage, error=error):
+            return TaskFailed(task.epoch, task.seq, stage, capture(error))
+        case Exhausted():
+            return IterationEnded(task.epoch, task.seq)
+        case Collated():
+            raise AssertionError("unreachable: a collated batch was encoded above")
+        case _:
+            assert_never(outcome)
 
 
-def _collate(collate_fn: Callable[[Any], Any], data: Any, indices: list[Any] | None) -> Any:
-    with collate_context(indices):
-        return collate_fn(data)
+def _sent(left_out: tuple[LeftOut, ...]) -> tuple[SampleFailed, ...]:
+    return tuple(SampleFailed(item.index, item.stage, capture(item.error)) for item in left_out)
 
 
-def _explain_unsendable(batch: Any, exc: Exception, index: Any) -> Exception:
+def _explain_unsendable(batch: Any, exc: Exception, indices: list[Any]) -> Exception:
     from ..diagnostics.pickling import explain_unpicklable_sample
 
-    indices = index if isinstance(index, list) else [index]
     try:
         explained = explain_unpicklable_sample(batch, exc, indices=indices)
     except Exception:  # the explanation must never hide the error itself

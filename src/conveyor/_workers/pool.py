@@ -7,6 +7,7 @@ ones still there, wait, SIGKILL. Shared memory is dropped only afterwards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -20,19 +21,21 @@ from typing import Any
 import cloudpickle
 
 from .._transport.arena import MainArena, create_arena_fd
-from .._transport.codec import Decoder
+from .._transport.codec import Decoder, Payload, SlotPayload
+from ..config import StartMethod
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
-from .protocol import Stop, Task
+from .protocol import Stop, Task, WorkerMessage
 from .start import modules_to_preload, start_process
+from .status import WorkerStatus, read_status
 
 STOP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 1.0
 
 
 @dataclass
-class Worker:
-    """The main process's handle on one worker."""
+class _Worker:
+    """The main process's handle on one worker process (one incarnation of a worker id)."""
 
     worker_id: int
     process: BaseProcess
@@ -42,7 +45,6 @@ class Worker:
     stacks: int  # read end of the pipe the worker's faulthandler writes stacks to
     decoder: Decoder = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
-    ready: bool = False
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
@@ -50,15 +52,6 @@ class Worker:
     @property
     def pid(self) -> int | None:
         return self.process.pid
-
-    def send(self, task: Task) -> None:
-        """Send a task; to a worker that just died, it is simply lost.
-
-        The caller keeps every task it sent as outstanding until answered, and
-        the worker's sentinel leads to a replacement that gets it again.
-        """
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.tasks.send(task)
 
     def take_releases(self) -> tuple[int, ...]:
         if not self.pending_releases:
@@ -69,51 +62,174 @@ class Worker:
         return tuple(taken)
 
 
+@dataclass(frozen=True)
+class Received:
+    """A message from a worker. ``origin`` is the process that sent it: decode its
+    payload with :meth:`WorkerPool.decode` even after that worker was replaced."""
+
+    worker_id: int
+    message: WorkerMessage
+    origin: Any
+
+
+@dataclass(frozen=True)
+class Died:
+    """A worker process exited without being asked to (its messages came first)."""
+
+    worker_id: int
+    pid: int | None
+    exitcode: int | None
+    status: WorkerStatus  # its status page, read after it died
+
+
+PoolEvent = Received | Died
+
+
 class WorkerPool:
+    """Worker processes behind an event interface: :meth:`wait` returns what
+    happened (messages, deaths) as values; everything else is asked of the
+    pool by worker id."""
+
     def __init__(
         self,
-        context: BaseContext,
+        start_method: StartMethod,
         user: UserObjects,
         specs: Sequence[WorkerSpec],
     ) -> None:
-        self.workers: list[Worker] = []
+        self._workers: list[_Worker] = []
+        self._retired: list[_Worker] = []  # replaced: their batches may still be decoded
         self._closed = False
         self._owner_pid = os.getpid()
-        self._context = context
+        self._method = start_method
+        self._context = start_method.context()
         self._user = user
         self._specs = list(specs)
-        method = context.get_start_method()
         # Kept until close: a replacement worker reads the same serialized copy.
-        self._setup = None if method == "fork" else _serialize_once(user, method)
+        self._setup = _serialize_once(user, start_method) if start_method.pickles_objects else None
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
         try:
             for spec in specs:
-                self.workers.append(_start_worker(context, spec, user, self._setup, self._preload))
+                self._workers.append(self._start(spec))
         except BaseException:
             self.close()
             raise
 
-    def replace(self, worker_id: int) -> Worker:
+    def _start(self, spec: WorkerSpec) -> _Worker:
+        return _start_worker(
+            self._context, self._method, spec, self._user, self._setup, self._preload
+        )
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    def pids(self) -> list[int | None]:
+        return [w.pid for w in self._workers]
+
+    # --- talking to workers ---------------------------------------------------------
+
+    def send(self, worker_id: int, task: Task) -> None:
+        """Send a task (with the slots freed since); to a worker that just died it is
+        simply lost: the caller re-sends what a dead worker had not answered."""
+        worker = self._workers[worker_id]
+        if not task.released and worker.pending_releases:
+            task = dataclasses.replace(task, released=worker.take_releases())
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            worker.tasks.send(task)
+
+    def wait(self, timeout: float | None, expect: int | None = None) -> list[PoolEvent]:
+        """Block until a worker sends something or dies, or ``timeout`` passes ([]).
+
+        ``expect`` names the worker whose answer is due next: if it has already
+        answered, that is read without building a selector over every pipe.
+        """
+        if expect is not None:
+            worker = self._workers[expect]
+            # (EOF polls readable too: a dead worker falls through to the full wait.)
+            if worker.results.poll():
+                event = self._receive(worker)
+                if event is not None:
+                    return [event]
+        by_conn = {w.results: w for w in self._workers}
+        by_sentinel = {w.process.sentinel: w for w in self._workers}
+        ready = wait([*by_conn, *by_sentinel], timeout=timeout)
+        events: list[PoolEvent] = []
+        for obj in ready:
+            if obj in by_conn:
+                event = self._receive(by_conn[obj])
+                if event is not None:
+                    events.append(event)
+        for obj in ready:
+            if obj in by_sentinel:
+                events += self._died(by_sentinel[obj])
+        return events
+
+    def _receive(self, worker: _Worker) -> Received | None:
+        try:
+            message = worker.results.recv()
+        except (EOFError, OSError):
+            return None  # it died; its sentinel tells the rest
+        payload = getattr(message, "payload", None)
+        if isinstance(payload, SlotPayload):
+            # Map on receipt: the batch stays readable if the worker dies before
+            # the user takes it (the fd is closed when the worker is replaced).
+            worker.arena.view(payload.slot)
+        return Received(worker.worker_id, message, worker)
+
+    def _died(self, worker: _Worker) -> list[PoolEvent]:
+        """Whatever the dead worker sent before dying, then its death."""
+        events: list[PoolEvent] = []
+        while True:
+            try:
+                if not worker.results.poll():
+                    break
+            except (OSError, EOFError):
+                break
+            event = self._receive(worker)
+            if event is None:
+                break
+            events.append(event)
+        worker.process.join(timeout=1.0)
+        status = read_status(worker.arena.status_page)
+        events.append(Died(worker.worker_id, worker.pid, worker.process.exitcode, status))
+        return events
+
+    def status(self, worker_id: int) -> WorkerStatus:
+        return read_status(self._workers[worker_id].arena.status_page)
+
+    def decode(self, origin: Any, payload: Payload) -> Any:
+        worker: _Worker = origin
+        return worker.decoder.decode(payload)
+
+    def discard(self, origin: Any, payload: Payload | None) -> None:
+        """Give a payload's slot back without decoding it."""
+        if payload is not None:
+            worker: _Worker = origin
+            worker.decoder.discard(payload)
+
+    # --- life and death -------------------------------------------------------------
+
+    def replace(self, worker_id: int) -> None:
         """Start a new worker in place of a dead one (same id, same seed)."""
-        old = self.workers[worker_id]
+        old = self._workers[worker_id]
         old.process.join(timeout=TERMINATE_GRACE_S)
         if old.process.exitcode is None:
             old.process.kill()
             old.process.join()
+        _kill_descendants(old)
         _release(old)
-        new = _start_worker(
-            self._context, self._specs[worker_id], self._user, self._setup, self._preload
-        )
-        self.workers[worker_id] = new
-        return new
+        self._retired.append(old)
+        self._workers[worker_id] = self._start(self._specs[worker_id])
 
-    def kill(self, worker: Worker) -> None:
+    def kill(self, worker_id: int) -> None:
         """Kill a stuck worker; its sentinel then reports it like any death."""
+        worker = self._workers[worker_id]
         if worker.process.exitcode is None:
             worker.process.kill()
 
-    def dump_stacks(self, worker: Worker, timeout: float = 2.0) -> str:
+    def dump_stacks(self, worker_id: int, timeout: float = 2.0) -> str:
         """The worker's current Python stacks (all threads), or "" if it can't say."""
+        worker = self._workers[worker_id]
         pid = worker.pid
         if pid is None or worker.process.exitcode is not None:
             return ""
@@ -137,7 +253,8 @@ class WorkerPool:
         return _worker_frames_only(b"".join(chunks).decode("utf-8", "replace"))
 
     def close(self) -> None:
-        """Stop every worker and free their resources; safe to call twice."""
+        """Stop every worker and what they started, then free their resources; safe
+        to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -145,16 +262,49 @@ class WorkerPool:
             # A forked child (one of ours, or another library's) inherited this
             # pool; the workers are not its children. Leave them to their owner.
             return
-        for worker in self.workers:
+        for worker in self._workers:
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.tasks.send(Stop())
-        _escalate([w.process for w in self.workers])
-        for worker in self.workers:
+        _escalate([w.process for w in self._workers])
+        for worker in self._workers:
+            _kill_descendants(worker)
             _release(worker)
             worker.arena.drop_maps()
+        for worker in self._retired:
+            worker.arena.drop_maps()
+        self._retired.clear()
         if self._setup is not None:
             os.close(self._setup)
             self._setup = None
+
+
+def _kill_descendants(worker: _Worker) -> None:
+    """Nothing may outlive the loader: kill what a worker started (a decoder, a
+    ``multiprocessing.Pool``), after the worker itself is gone.
+
+    A worker leads its own process group (see ``loop.worker_main``) and its
+    children stay in it, also once re-parented after the worker died: the group
+    outlives its leader while a member lives. Called after the worker was
+    reaped, so its pid may have been reused: a group whose leader is alive
+    again is someone else's and is left alone.
+    """
+    pid = worker.pid
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, 0)  # any member left?
+        if _group_of(pid) == pid:
+            return  # the pid now leads a new group: not ours
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _worker_frames_only(dump: str) -> str:
@@ -173,7 +323,7 @@ def _worker_frames_only(dump: str) -> str:
     return "\n".join(kept)
 
 
-def _release(worker: Worker) -> None:
+def _release(worker: _Worker) -> None:
     """Close the main process's ends of a worker that has exited."""
     for conn in (worker.tasks, worker.results):
         conn.close()
@@ -184,7 +334,7 @@ def _release(worker: Worker) -> None:
     worker.process.close()
 
 
-def _serialize_once(user: UserObjects, start_method: str) -> int:
+def _serialize_once(user: UserObjects, start_method: StartMethod) -> int:
     """Cloudpickle the user's objects into a memfd that every worker reads."""
     try:
         data = cloudpickle.dumps(user)
@@ -198,7 +348,7 @@ def _serialize_once(user: UserObjects, start_method: str) -> int:
     return fd
 
 
-def _explain(user: UserObjects, error: Exception, start_method: str) -> Exception:
+def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> Exception:
     from ..diagnostics.pickling import explain_unpicklable
 
     for role in ("dataset", "collate_fn", "worker_init_fn"):
@@ -206,17 +356,18 @@ def _explain(user: UserObjects, error: Exception, start_method: str) -> Exceptio
         try:
             cloudpickle.dumps(obj)
         except Exception as exc:
-            return explain_unpicklable(obj, role, exc, role=role, start_method=start_method)
+            return explain_unpicklable(obj, role, exc, role=role, start_method=start_method.name)
     return error
 
 
 def _start_worker(
     context: BaseContext,
+    method: StartMethod,
     spec: WorkerSpec,
     user: UserObjects,
     setup_fd: int | None,
     preload: Sequence[str] = (),
-) -> Worker:
+) -> _Worker:
     task_reader, task_writer = context.Pipe(duplex=False)
     result_reader, result_writer = context.Pipe(duplex=False)
     arena_fd = create_arena_fd(spec.worker_id)
@@ -238,7 +389,7 @@ def _start_worker(
         daemon=True,
     )
     try:
-        start_process(context, process, preload)
+        start_process(method, process, preload)
     finally:
         # The child has its own copies now; ours would keep EOF from coming.
         task_reader.close()
@@ -246,7 +397,7 @@ def _start_worker(
         os.close(stack_writer)
         if isinstance(payload, InheritedFd):
             payload.close()
-    return Worker(
+    return _Worker(
         spec.worker_id, process, task_writer, result_reader, MainArena(arena_fd), stack_reader
     )
 

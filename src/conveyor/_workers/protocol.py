@@ -28,6 +28,7 @@ class Stage(str, Enum):
     FETCH = "fetch"  # dataset[i], __getitems__, next(iterator)
     COLLATE = "collate"  # collate_fn
     TRANSFER = "transfer"  # encoding the batch to send it back
+    DECODE = "decode"  # rebuilding the batch in the main process
 
 
 # --- main process -> worker -------------------------------------------------
@@ -71,6 +72,7 @@ class BatchDone:
     seq: int
     payload: Any  # a transport payload (conveyor._transport.codec); None: nothing left
     skipped: tuple[SampleFailed, ...] = ()
+    busy_s: float = 0.0  # the worker's own time on this task, start to reply
 
 
 @dataclass(frozen=True)
@@ -122,4 +124,6 @@ class StartupFailed:
     error: RemoteError
 
 
+MainMessage = Task | Stop
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
+TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task

@@ -20,19 +20,20 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .._torch import DEFER_ENV
+from ..config import StartMethod
 
 _lock = threading.Lock()
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 FORKSERVER_PRELOAD = ["conveyor._workers.loop"]
 
 
-def start_process(context: BaseContext, process: BaseProcess, preload: Sequence[str] = ()) -> None:
+def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
     """Start ``process``; a fork server we start first imports ``preload``."""
-    if context.get_start_method() == "fork":
+    if method.copies_memory:
         process.start()
         return
-    if context.get_start_method() == "forkserver":
-        _preload_forkserver(context, preload)
+    if method.uses_server:
+        _preload_forkserver(method.context(), preload)
     with _lock, _without_main(), _deferring_torch():
         process.start()
 

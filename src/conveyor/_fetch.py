@@ -11,9 +11,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def as_list(index: Any) -> list[Any]:
-    """A sampler's output as a list of dataset indices (batch_size=None gives one)."""
-    return index if isinstance(index, list) else [index]
+def batch_indices(index: Any, auto_collation: bool) -> list[Any]:
+    """A sampler's output as a list of dataset indices.
+
+    With automatic batching the output is a batch, whatever sequence type the
+    batch sampler yields (a tuple too); without it, it is one index, which may
+    itself be a tuple (``batch_size=None``).
+    """
+    if not auto_collation:
+        return [index]
+    return index if type(index) is list else list(index)
 
 
 class MapFetcher:

@@ -1,0 +1,630 @@
+"""The task book: what the multi-process loop knows about its tasks, and what it decides.
+
+A pure object: it is told facts (a task was sent, a reply came, a worker
+died, the time is now t) and answers with decisions (send this task to that
+worker, hand out this batch, restart that worker and re-send these tasks,
+give up with this error). It starts no process, reads no clock and issues
+no warning, so every rule here is tested with tables of events in
+microseconds (tests/unit/test_book.py).
+
+Tasks are named by ``(epoch, seq)``; ``seq`` is the task's position in the
+epoch's batch order. The rules it keeps:
+
+* Dispatch is torch's: round-robin over the workers that are still active,
+  ``prefetch`` per worker up front and one more per batch handed out; with
+  ``in_order=False`` a worker at capacity is passed over.
+* Exactly once: a task stays in the book from the moment it is sent until it
+  is handed out; a dead worker's unanswered tasks are re-sent to its
+  replacement, and a late or repeated reply is recognised as stale.
+* One rule for fatal outcomes: a fatal error is placed at a position in the
+  order and raised only after every earlier batch was handed out.
+* Samples left out (``on_error="skip"``) are recorded when their batch is
+  handed out, so the skip budget is judged in delivery order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._fetch import batch_indices
+from .._workers.protocol import (
+    BatchDone,
+    IterationEnded,
+    RemoteError,
+    Stage,
+    Task,
+    TaskFailed,
+    TaskReply,
+)
+from .._workers.remote_error import rebuild
+from .._workers.status import WorkerStatus
+from ..config import SupervisionPolicy
+from ..errors import (
+    WorkerContext,
+    WorkerCrashedError,
+    WorkerTimeoutError,
+    add_note,
+    attach_worker_context,
+)
+from ..records import InFlightTask, LoaderStatistics, SkippedSample, WorkerStatistics
+from . import messages
+from .skips import SkipLedger
+
+STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
+_CRASH_TYPE = "conveyor.errors.WorkerCrashedError"
+
+
+# --- what the book keeps ------------------------------------------------------------
+
+
+@dataclass
+class LeftOutNote:
+    """A sample left out of a task's batch, recorded when the batch is handed out."""
+
+    index: Any
+    worker_id: int
+    stage: str
+    exception_type: str
+    message: str
+    remote: RemoteError | None = None  # the worker's exception (None: a crash)
+
+
+@dataclass
+class Entry:
+    """One task, from the moment it is sent until it is handed out."""
+
+    seq: int
+    worker_id: int
+    index: Any
+    indices: tuple[Any, ...]  # dataset indices (empty for iterable datasets)
+    sent_at: float
+    exclude: tuple[Any, ...] = ()
+    crashes: int = 0  # times its worker died while running it
+    stall_reported: bool = False
+    reply: TaskReply | None = None
+    origin: Any = None  # which worker process sent the reply (the pool decodes with it)
+    left_out: list[LeftOutNote] = field(default_factory=list)
+
+
+@dataclass
+class WorkerRecord:
+    active: bool = True  # an iterable dataset's worker is inactive once its iterator ends
+    in_flight: int = 0  # tasks sent to it and not yet handed out
+    init_crashes: int = 0  # deaths in a row before finishing start-up
+    restarts: int = 0
+    batches: int = 0
+    samples: int = 0
+    since: float = 0.0
+    killed_because: str | None = None  # the book had it killed (stuck): why
+
+
+# --- decisions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Handout:
+    """The next task's reply, to hand to the user (decode a batch, raise its error,
+    or nothing: an emptied batch or an ended iterator)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing can be handed out until a worker answers."""
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    pass
+
+
+NextStep = Handout | GiveUp | Wait | EpochEnd
+
+
+@dataclass(frozen=True)
+class Death:
+    """The facts about a worker that exited unexpectedly."""
+
+    worker_id: int
+    pid: int | None
+    exitcode: int | None
+    status: WorkerStatus  # its status page, read after it died
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A worker running a task right now, as its status page tells."""
+
+    worker_id: int
+    pid: int | None
+    status: WorkerStatus
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Start a replacement for ``worker_id`` and send it ``resend``."""
+
+    worker_id: int
+    resend: tuple[Task, ...]
+    report: str  # what happened, for a WorkerRestartedWarning
+
+
+@dataclass(frozen=True)
+class Stalled:
+    worker_id: int
+    seq: int
+    report: str  # the warning's text, less the worker's stack (the loop adds it)
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """Kill ``worker_id`` (stuck past ``timeout``); with ``on_timeout="restart"`` its
+    death is then handled like any other, otherwise ``error`` is raised."""
+
+    worker_id: int
+    error: WorkerTimeoutError | None
+    describe: str  # what it was doing, for the report
+
+
+Overdue = Stalled | TimedOut
+
+
+# --- the book -----------------------------------------------------------------------
+
+
+class TaskBook:
+    def __init__(
+        self,
+        *,
+        num_workers: int,
+        prefetch: int,
+        in_order: bool,
+        iterable: bool,
+        auto_collation: bool,
+        policy: SupervisionPolicy,
+        skipped: list[SkippedSample],
+        timeout: float = 0,
+        now: float = 0.0,
+    ) -> None:
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.in_order = in_order
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.policy = policy
+        self.timeout = timeout
+        self.skips = SkipLedger(skipped, policy)
+        self.workers = [WorkerRecord(since=now) for _ in range(num_workers)]
+        self.restarts = 0
+        self.retried = 0
+        self.batch_time = 0.0  # moving average of the workers' own time per task
+        self.epoch = -1
+        self._start_epoch_state()
+
+    def _start_epoch_state(self) -> None:
+        self.tasks: dict[int, Entry] = {}  # sent, not yet handed out
+        self.next_seq = 0
+        self.next_out = 0  # in order: the seq to hand out next
+        self.handed_out = 0
+        self.samples_out = 0
+        self._cursor = 0
+        self._sampler_done = False
+        self._fatal: tuple[int, BaseException] | None = None  # (place in the order, error)
+        for record in self.workers:
+            record.active = True
+            record.in_flight = 0
+
+    # --- epochs ---------------------------------------------------------------------
+
+    def start_epoch(self, epoch: int, epoch_samples: int | None) -> None:
+        self.epoch = epoch
+        self._start_epoch_state()
+        self.skips.start_epoch(epoch, epoch_samples)
+
+    @property
+    def initial_tasks(self) -> int:
+        return self.prefetch * self.num_workers
+
+    # --- dispatch -------------------------------------------------------------------
+
+    def next_worker(self) -> int | None:
+        """The worker the next task goes to, or None if none may take one now."""
+        if self._sampler_done or self._fatal is not None:
+            return None
+        active = sum(r.active for r in self.workers)
+        capacity = self.prefetch * self.num_workers // max(1, active)
+        for _ in range(self.num_workers):
+            worker_id = self._cursor
+            self._cursor = (self._cursor + 1) % self.num_workers
+            record = self.workers[worker_id]
+            # Out of order, route around a slow worker as torch does.
+            if record.active and (self.in_order or record.in_flight < capacity):
+                return worker_id
+        return None
+
+    def sampler_ended(self) -> None:
+        self._sampler_done = True
+
+    def add(self, worker_id: int, index: Any, now: float, released: tuple[int, ...] = ()) -> Task:
+        """Record a new task for ``worker_id``; returns the message to send."""
+        seq = self.next_seq
+        self.next_seq += 1
+        indices = self._indices(index)
+        exclude = self._known_poison(indices)
+        entry = Entry(seq, worker_id, index, indices, now, exclude=exclude)
+        # Left out again, without a crash: recorded again, for this epoch.
+        entry.left_out += [
+            LeftOutNote(
+                i,
+                worker_id,
+                "crash",
+                _CRASH_TYPE,
+                "killed its worker in an earlier epoch; left out without trying again",
+            )
+            for i in exclude
+        ]
+        self.tasks[seq] = entry
+        self.workers[worker_id].in_flight += 1
+        return Task(self.epoch, seq, index, released, exclude=exclude)
+
+    def _indices(self, index: Any) -> tuple[Any, ...]:
+        return () if self.iterable else tuple(batch_indices(index, self.auto_collation))
+
+    def _known_poison(self, indices: tuple[Any, ...]) -> tuple[Any, ...]:
+        poison = self.skips.poison()
+        return tuple(i for i in indices if i in poison) if poison else ()
+
+    # --- replies --------------------------------------------------------------------
+
+    def on_ready(self, worker_id: int) -> None:
+        # A replacement that starts fine ends a run of start-up deaths.
+        self.workers[worker_id].init_crashes = 0
+
+    def on_reply(self, worker_id: int, reply: TaskReply, origin: Any = None) -> bool:
+        """File a task's reply; False if it is stale (an abandoned epoch, a task
+        already answered): the caller frees its payload."""
+        entry = self.tasks.get(reply.seq)
+        if reply.epoch != self.epoch or entry is None or entry.reply is not None:
+            return False
+        entry.reply = reply
+        entry.origin = origin
+        if isinstance(reply, BatchDone):
+            if reply.busy_s > 0:
+                ewma = 0.9 * self.batch_time + 0.1 * reply.busy_s
+                self.batch_time = ewma if self.batch_time else reply.busy_s
+            entry.left_out += [
+                LeftOutNote(
+                    s.index,
+                    worker_id,
+                    s.stage.value,
+                    f"{s.error.module}.{s.error.qualname}",
+                    s.error.message,
+                    s.error,
+                )
+                for s in reply.skipped
+            ]
+        return True
+
+    def next_step(self) -> NextStep:
+        """What the loop does next: hand out a reply, give up, wait, or end the epoch."""
+        entry = self._ready()
+        if entry is None:
+            if self._fatal is not None and not any(s < self._fatal[0] for s in self.tasks):
+                return GiveUp(self._fatal[1])
+            if not self.tasks and self._fatal is None:
+                return EpochEnd()
+            return Wait()
+        del self.tasks[entry.seq]
+        record = self.workers[entry.worker_id]
+        record.in_flight -= 1
+        if isinstance(entry.reply, IterationEnded):
+            record.active = False
+        over_budget = self._record_left_out(entry)
+        if over_budget is not None:
+            self._fatal = (entry.seq, over_budget)
+            return GiveUp(over_budget)
+        return Handout(entry)
+
+    def _ready(self) -> Entry | None:
+        if self.in_order:
+            entry = self.tasks.get(self.next_out)
+            if entry is None or entry.reply is None:
+                return None
+            self.next_out += 1
+            return entry
+        for entry in self.tasks.values():  # oldest first: dicts keep insertion order
+            if entry.reply is not None:
+                return entry
+        return None
+
+    def _record_left_out(self, entry: Entry) -> BaseException | None:
+        """Record the batch's left-out samples; the error to raise if that spends the budget."""
+        for note in entry.left_out:
+            self.skips.record(
+                note.index, note.worker_id, note.stage, note.exception_type, note.message
+            )
+            if self.skips.over_budget():
+                return self._budget_error(entry, note)
+        return None
+
+    def _budget_error(self, entry: Entry, note: LeftOutNote) -> BaseException:
+        if note.remote is None:
+            return WorkerCrashedError(
+                f"Dataset index {note.index!r} {note.message}. {self.skips.budget_note()}",
+                worker_id=note.worker_id,
+                indices=(note.index,),
+            )
+        exc = rebuild(note.remote)
+        context = WorkerContext(
+            worker_id=note.worker_id,
+            pid=-1,
+            stage=note.stage,
+            indices=(note.index,),
+            traceback=note.remote.traceback,
+            epoch=self.epoch,
+            seq=entry.seq,
+        )
+        attach_worker_context(exc, context)
+        return add_note(exc, self.skips.budget_note())
+
+    def delivered(self, entry: Entry, samples: int) -> None:
+        """A batch from ``entry`` reached the user (for statistics)."""
+        record = self.workers[entry.worker_id]
+        record.batches += 1
+        record.samples += samples
+        self.handed_out += 1
+        self.samples_out += samples
+
+    def task_error_context(self, entry: Entry, pid: int | None) -> WorkerContext:
+        reply = entry.reply
+        assert isinstance(reply, TaskFailed)
+        return WorkerContext(
+            worker_id=entry.worker_id,
+            pid=pid or -1,
+            stage=reply.stage.value,
+            indices=entry.indices,
+            traceback=reply.error.traceback,
+            epoch=reply.epoch,
+            seq=reply.seq,
+        )
+
+    # --- fatal outcomes ---------------------------------------------------------------
+
+    def _give_up(self, error: BaseException, place: int | None = None) -> None:
+        """Place a fatal error in the order (default: after every task sent so far)."""
+        where = self.next_seq if place is None else place
+        if self._fatal is None or where < self._fatal[0]:
+            self._fatal = (where, error)
+
+    def on_startup_failed(self, worker_id: int, error: BaseException) -> None:
+        held = self._held(worker_id)
+        self._give_up(error, held[0] if held else None)
+
+    @property
+    def giving_up(self) -> bool:
+        return self._fatal is not None
+
+    # --- dead workers -----------------------------------------------------------------
+
+    def _held(self, worker_id: int) -> list[int]:
+        return sorted(
+            seq for seq, e in self.tasks.items() if e.worker_id == worker_id and e.reply is None
+        )
+
+    def on_death(self, death: Death, now: float) -> Restart | None:
+        """A worker exited unexpectedly: a Restart, or None when the book gives up
+        (the fatal error is then placed in the order, see :meth:`next_step`)."""
+        record = self.workers[death.worker_id]
+        held = self._held(death.worker_id)
+        culprit = self._culprit(death.status, held)
+        exit_text = record.killed_because or messages.describe_exit(death.exitcode)
+        summary = messages.death_summary(death, exit_text, self._indices_of, held, culprit)
+
+        def give_up(note: str) -> None:
+            error = self._crash_error(death, held, f"{summary} {note}".rstrip())
+            self._give_up(error, min(held, default=None))
+
+        if self._fatal is not None:
+            give_up("")  # already giving up: no replacement; it matters only if earlier
+            return None
+        if self.iterable:
+            give_up(
+                "An iterable-style dataset's iterator cannot be resumed in a new process, "
+                "so conveyor does not restart workers for it."
+            )
+            return None
+        if death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT):
+            record.init_crashes += 1
+            if record.init_crashes >= 2:
+                give_up(
+                    "It died the same way in its replacement, before any task: this is not "
+                    "a passing failure."
+                )
+                return None
+        if culprit is not None:
+            entry = self.tasks[culprit]
+            entry.crashes += 1
+            if entry.crashes >= 2 and not self._settle_poison(death, entry, exit_text, give_up):
+                return None
+        if self.restarts >= self.policy.max_worker_restarts:
+            give_up(
+                f"The restart budget is spent (max_worker_restarts="
+                f"{self.policy.max_worker_restarts}); raise it to tolerate more crashes."
+            )
+            return None
+        self.restarts += 1
+        record.restarts += 1
+        record.killed_because = None
+        resend = []
+        for seq in held:
+            entry = self.tasks[seq]
+            if entry.reply is not None:
+                continue  # settled by the poison handling
+            entry.sent_at = now
+            entry.stall_reported = False
+            resend.append(
+                Task(self.epoch, seq, entry.index, trace=seq == culprit, exclude=entry.exclude)
+            )
+        self.retried += len(resend)
+        report = (
+            f"{summary} Started a replacement (restart {self.restarts} of "
+            f"{self.policy.max_worker_restarts}) and re-sent its {len(resend)} unanswered "
+            "task(s); no sample is lost or repeated."
+        )
+        return Restart(death.worker_id, tuple(resend), report)
+
+    def _indices_of(self, seq: int) -> tuple[Any, ...]:
+        return self.tasks[seq].indices
+
+    def _culprit(self, status: WorkerStatus, held: list[int]) -> int | None:
+        """The task the worker was running when it died."""
+        running = status.stage in (Stage.FETCH, Stage.COLLATE, Stage.TRANSFER)
+        if running and status.epoch == self.epoch and status.seq in held:
+            return status.seq
+        return None
+
+    def _settle_poison(self, death: Death, entry: Entry, exit_text: str, give_up: Any) -> bool:
+        """The same task killed its worker twice: name the sample, skip it or give up.
+        Returns False when the book gave up."""
+        status = death.status
+        poison = None
+        if status.stage is Stage.FETCH and 0 <= status.position < len(entry.indices):
+            poison = entry.indices[status.position]
+        if not self.policy.skipping:
+            give_up(
+                f"Dataset index {poison!r} killed its worker twice (the first time, and "
+                "again on retry): that sample is the cause, not the machine. Fix the "
+                "sample, or pass on_error='skip' to leave it out."
+                if poison is not None
+                else "This batch killed its worker twice (the first time, and again on "
+                "retry), outside fetching samples; pass on_error='skip' to leave it out."
+            )
+            return False
+        why = f"killed its worker twice: {exit_text}"
+        lost = (
+            (poison,)
+            if poison is not None
+            else tuple(i for i in entry.indices if i not in entry.exclude)
+        )
+        entry.left_out += [LeftOutNote(i, death.worker_id, "crash", _CRASH_TYPE, why) for i in lost]
+        self.skips.mark_poison(lost)
+        if poison is not None:
+            entry.exclude = (*entry.exclude, poison)
+            entry.crashes = 0
+        else:  # nothing left to retry: settle the task as an empty batch
+            entry.reply = BatchDone(self.epoch, entry.seq, None)
+        return True
+
+    def _crash_error(self, death: Death, held: list[int], text: str) -> WorkerCrashedError:
+        return WorkerCrashedError(
+            text,
+            worker_id=death.worker_id,
+            pid=death.pid,
+            exitcode=death.exitcode,
+            indices=tuple(i for seq in held for i in self.tasks[seq].indices),
+        )
+
+    # --- time -------------------------------------------------------------------------
+
+    def stall_threshold(self) -> float | None:
+        if self.policy.stall_warning is None:
+            return None
+        return max(self.policy.stall_warning, STALL_FACTOR * self.batch_time)
+
+    def next_deadline(self, running: list[Busy]) -> float | None:
+        """Seconds until a running task may reach ``timeout`` or the stall threshold
+        (None: no limit applies). A task that starts later cannot reach a limit
+        sooner than the smallest limit, which bounds every answer."""
+        limits = [x for x in (self.timeout or None, self.stall_threshold()) if x]
+        if not limits:
+            return None
+        wakes = [min(limits)]
+        for busy in running:
+            wakes += [limit - busy.status.age_s for limit in limits]
+        return max(0.0, min(wakes))
+
+    def overdue(self, running: list[Busy]) -> list[Overdue]:
+        """The task past ``timeout`` that has run longest, else the tasks past the
+        stall threshold not reported yet."""
+        if self.timeout:
+            stuck = [b for b in running if b.status.age_s >= self.timeout]
+            if stuck:
+                return [self._timed_out(max(stuck, key=lambda b: b.status.age_s))]
+        threshold = self.stall_threshold()
+        if threshold is None:
+            return []
+        found: list[Overdue] = []
+        for busy in running:
+            status = busy.status
+            entry = self.tasks.get(status.seq) if status.epoch == self.epoch else None
+            if status.age_s < threshold or entry is None or entry.worker_id != busy.worker_id:
+                continue
+            if entry.stall_reported or status.stage is None:
+                continue
+            entry.stall_reported = True
+            report = messages.stall_report(busy, entry.indices, self.batch_time)
+            found.append(Stalled(busy.worker_id, status.seq, report))
+        return found
+
+    def _timed_out(self, busy: Busy) -> TimedOut:
+        worker_id, status = busy.worker_id, busy.status
+        assert status.stage is not None
+        entry = self.tasks.get(status.seq) if status.epoch == self.epoch else None
+        indices = entry.indices if entry is not None else ()
+        doing = messages.doing(status, entry is not None, indices)
+        if self.policy.on_timeout == "restart":
+            self.workers[worker_id].killed_because = (
+                f"stuck for {status.age_s:.1f} s in {status.stage.value}, past "
+                f"timeout={self.timeout}, so conveyor killed it"
+            )
+            return TimedOut(worker_id, None, doing)
+        error = WorkerTimeoutError(
+            messages.timeout_text(self.timeout, busy, doing, self.batch_time),
+            worker_id=worker_id,
+            pid=busy.pid,
+            indices=indices,
+        )
+        self._give_up(error, status.seq if entry is not None else None)
+        return TimedOut(worker_id, error, doing)
+
+    def add_to_kill_reason(self, worker_id: int, stacks: str) -> None:
+        reason = self.workers[worker_id].killed_because
+        if reason is not None and stacks:
+            self.workers[worker_id].killed_because = f"{reason}; its Python stack then:\n{stacks}"
+
+    # --- reporting --------------------------------------------------------------------
+
+    def statistics(self, now: float, pids: list[int | None]) -> LoaderStatistics:
+        in_flight = tuple(
+            InFlightTask(e.worker_id, seq, e.indices, now - e.sent_at)
+            for seq, e in sorted(self.tasks.items())
+            if e.reply is None
+        )
+        workers = tuple(
+            WorkerStatistics(
+                worker_id=i,
+                pid=pids[i],
+                batches=r.batches,
+                samples=r.samples,
+                restarts=r.restarts,
+                samples_per_s=r.samples / max(now - r.since, 1e-9),
+            )
+            for i, r in enumerate(self.workers)
+        )
+        return LoaderStatistics(
+            epoch=self.epoch,
+            batches=self.handed_out,
+            samples=self.samples_out,
+            worker_restarts=self.restarts,
+            tasks_retried=self.retried,
+            samples_skipped=len(self.skips.records),
+            in_flight=in_flight,
+            workers=workers,
+        )

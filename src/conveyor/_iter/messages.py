@@ -1,0 +1,90 @@
+"""The words of the supervisor's reports: pure functions of the facts.
+
+What happened, where (worker, batch, dataset indices, stage), why, and the
+fix, in that order. The task book decides; these only say it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._workers.exits import describe_exit
+from .._workers.status import WorkerStatus
+
+if TYPE_CHECKING:
+    from .book import Busy, Death
+
+__all__ = [
+    "death_summary",
+    "describe_exit",
+    "doing",
+    "short",
+    "stall_report",
+    "timeout_text",
+    "typical_batch_time",
+]
+
+
+def short(indices: tuple[Any, ...], limit: int = 16) -> str:
+    shown = ", ".join(repr(i) for i in indices[:limit])
+    return f"[{shown}{', ...' if len(indices) > limit else ''}]"
+
+
+def typical_batch_time(batch_time: float) -> str:
+    """The workers' own time per batch (not the consumer's pace)."""
+    if not batch_time:
+        return "no typical batch time is known yet"
+    return f"a worker usually takes {batch_time * 1000:.3g} ms per batch"
+
+
+def death_summary(
+    death: Death,
+    exit_text: str,
+    indices_of: Callable[[int], tuple[Any, ...]],
+    held: list[int],
+    culprit: int | None,
+) -> str:
+    status = death.status
+    where = ""
+    if status.stage is not None:
+        where = f" during {status.stage.value}"
+        if culprit is not None:
+            indices = indices_of(culprit)
+            where += f" of batch {culprit} (dataset indices {short(indices)})"
+            if status.stage.value == "fetch" and 0 <= status.position < len(indices):
+                where += f", at dataset index {indices[status.position]!r}"
+    holding = tuple(i for seq in held for i in indices_of(seq))
+    held_text = f" It held dataset indices {short(holding)}." if holding else ""
+    return (
+        f"DataLoader worker {death.worker_id} (pid {death.pid}) exited "
+        f"unexpectedly{where}: {exit_text}.{held_text}"
+    )
+
+
+def doing(status: WorkerStatus, known: bool, indices: tuple[Any, ...]) -> str:
+    return f"batch {status.seq} (dataset indices {short(indices)})" if known else "start-up"
+
+
+def stall_report(busy: Busy, indices: tuple[Any, ...], batch_time: float) -> str:
+    status = busy.status
+    assert status.stage is not None
+    return (
+        f"DataLoader worker {busy.worker_id} (pid {busy.pid}) has spent {status.age_s:.0f} s "
+        f"on batch {status.seq} (dataset indices {short(indices)}), in stage {status.stage.value}; "
+        f"{typical_batch_time(batch_time)}. It may be stuck (a dead network mount, a lock, "
+        "an endless loop)."
+    )
+
+
+def timeout_text(timeout: float, busy: Busy, doing: str, batch_time: float) -> str:
+    status = busy.status
+    assert status.stage is not None
+    return (
+        f"DataLoader timed out after {timeout} seconds: worker {busy.worker_id} "
+        f"(pid {busy.pid}) has been on "
+        f"{doing} for {status.age_s:.1f} s, in stage {status.stage.value}; "
+        f"{typical_batch_time(batch_time)}. Fix: find what blocks it (a slow disk or "
+        "network read, a lock), raise timeout, or pass on_timeout='restart' to kill the "
+        "stuck worker and retry."
+    )

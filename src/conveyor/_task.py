@@ -1,0 +1,172 @@
+"""Run one task: fetch its samples, leave out the ones that fail, collate.
+
+The same runner serves the main process (``num_workers=0``) and every worker,
+so both follow torch's fetching rules (``__getitems__``, iterable datasets
+filling a batch, ``drop_last``) and conveyor's skipping rules alike. It
+raises nothing from user code: every outcome is a value the caller acts on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ._collate_errors import collate_context
+from ._fetch import IterableFetcher, MapFetcher, batch_indices
+from ._workers.protocol import Stage
+
+__all__ = [
+    "Collated",
+    "Exhausted",
+    "Failed",
+    "LeftOut",
+    "NothingLeft",
+    "Progress",
+    "TaskOutcome",
+    "TaskRunner",
+]
+
+
+class Progress(Protocol):
+    """Where the runner is, for whoever watches (a worker's status page)."""
+
+    def stage(self, stage: Stage) -> None: ...
+
+    def position(self, position: int) -> None: ...
+
+
+class _Unwatched:
+    def stage(self, stage: Stage) -> None:
+        pass
+
+    def position(self, position: int) -> None:
+        pass
+
+
+UNWATCHED: Progress = _Unwatched()
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A sample left out of its batch under ``on_error="skip"``."""
+
+    index: Any
+    stage: Stage
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Collated:
+    batch: Any
+    indices: list[Any] | None  # dataset indices in the batch; None for iterable datasets
+    left_out: tuple[LeftOut, ...] = ()
+
+
+@dataclass(frozen=True)
+class NothingLeft:
+    """Every sample of the batch was left out (or excluded up front)."""
+
+    left_out: tuple[LeftOut, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failed:
+    stage: Stage
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """An iterable-style dataset's iterator can give no further batch this epoch."""
+
+
+TaskOutcome = Collated | NothingLeft | Failed | Exhausted
+
+
+class TaskRunner:
+    """Fetch → skip → collate for one loader's dataset (see the module docstring)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        iterable: bool,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+        skip_errors: bool,
+    ) -> None:
+        self.fetcher: MapFetcher | IterableFetcher
+        if iterable:
+            self.fetcher = IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
+        else:
+            self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        # Iterable datasets cannot skip: their samples have no index to record.
+        self.skip_errors = skip_errors and not iterable
+
+    def new_epoch(self) -> None:
+        if isinstance(self.fetcher, IterableFetcher):
+            self.fetcher.restart()
+
+    def run(
+        self,
+        index: Any,
+        *,
+        exclude: tuple[Any, ...] = (),
+        trace: bool = False,
+        progress: Progress = UNWATCHED,
+        collating: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> TaskOutcome:
+        """One task. ``exclude`` leaves dataset indices out without fetching them;
+        ``trace`` reports each sample's position before fetching it (a retry
+        after a crash, to name the sample that kills the worker)."""
+        fetcher = self.fetcher
+        indices = None if self.iterable else batch_indices(index, self.auto_collation)
+        left_out: tuple[LeftOut, ...] = ()
+        try:
+            if isinstance(fetcher, MapFetcher) and (trace or exclude or self.skip_errors):
+                assert indices is not None
+                samples, indices, failed = fetcher.fetch_each(
+                    indices,
+                    exclude=exclude,
+                    tolerate=self.skip_errors,
+                    on_position=progress.position if trace else None,
+                )
+                left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
+                if not samples:
+                    return NothingLeft(left_out)
+                data = samples if self.auto_collation else samples[0]
+            else:
+                data = fetcher.fetch(index)
+        except StopIteration as exc:
+            if self.iterable:
+                return Exhausted()
+            return Failed(Stage.FETCH, exc)
+        except Exception as exc:
+            return Failed(Stage.FETCH, exc)
+        progress.stage(Stage.COLLATE)
+        try:
+            with collating(), collate_context(indices):
+                batch = self.collate_fn(data)
+        except Exception as exc:
+            return self.batch_failed(Stage.COLLATE, exc, indices, left_out)
+        return Collated(batch, indices, left_out)
+
+    def batch_failed(
+        self,
+        stage: Stage,
+        error: Exception,
+        indices: list[Any] | None,
+        left_out: tuple[LeftOut, ...] = (),
+    ) -> NothingLeft | Failed:
+        """A batch failed after fetching (collate, transfer): under ``"skip"`` each
+        of its samples is left out with the error; otherwise the task fails."""
+        if self.skip_errors and indices:
+            return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
+        return Failed(stage, error)

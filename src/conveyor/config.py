@@ -1,0 +1,197 @@
+"""What a loader was asked to do, as frozen values.
+
+``DataLoader.__init__`` validates torch's arguments and conveyor's own, then
+builds one :class:`LoaderConfig`. The iterators, the pre-flight checks and
+``doctor`` read that value and never the ``DataLoader`` itself, so none of
+them imports ``loader.py``. What a loader accumulates across epochs lives in
+:class:`LoaderHistory`, passed explicitly beside the config.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from .errors import ConfigError
+from .records import LoaderStatistics, SkippedSample
+
+__all__ = ["LoaderConfig", "LoaderHistory", "StartMethod", "SupervisionPolicy"]
+
+ON_ERROR = ("raise", "skip")
+ON_TIMEOUT = ("raise", "restart")
+
+
+@dataclass(frozen=True)
+class StartMethod:
+    """How worker processes start, and what follows from it.
+
+    Answers the questions the code used to ask by comparing strings: does the
+    child get the parent's memory as it is, must the user's objects be pickled
+    to reach it, is a fork server involved.
+    """
+
+    name: str  # "fork", "spawn" or "forkserver"
+
+    @classmethod
+    def of(cls, context: str | BaseContext | None) -> StartMethod:
+        """The start method ``context`` names (None: the platform's default),
+        without fixing multiprocessing's global default as a side effect."""
+        if isinstance(context, BaseContext):
+            return cls(context.get_start_method())
+        methods = multiprocessing.get_all_start_methods()
+        if context is None:
+            # The first of get_all_start_methods() is the platform's default (documented).
+            return cls(multiprocessing.get_start_method(allow_none=True) or methods[0])
+        if context not in methods:
+            raise ConfigError(
+                f"multiprocessing_context should be one of {methods}, got {context!r}"
+            )
+        return cls(context)
+
+    @property
+    def copies_memory(self) -> bool:
+        """The child starts as a copy of this process: handles and globals are shared."""
+        return self.name == "fork"
+
+    @property
+    def pickles_objects(self) -> bool:
+        """The dataset, collate_fn and worker_init_fn reach the child pickled."""
+        return self.name != "fork"
+
+    @property
+    def uses_server(self) -> bool:
+        """Children are forked by a fork server, not by this process."""
+        return self.name == "forkserver"
+
+    def context(self) -> BaseContext:
+        return multiprocessing.get_context(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class SupervisionPolicy:
+    """The keyword-only failure options of ``DataLoader``.
+
+    * ``max_worker_restarts``: dead workers replaced (and their tasks re-sent)
+      over the iterator's life before giving up with ``WorkerCrashedError``.
+    * ``on_error``: ``"raise"`` (torch's behaviour) or ``"skip"`` a sample whose
+      fetch raises, a batch whose collate raises, and a sample that kills its
+      worker twice. Skipped samples are recorded, never silently lost.
+    * ``max_errors``: with ``"skip"``, how many samples an epoch may lose — a
+      count (int) or a fraction of the epoch (float < 1) — before raising anyway.
+    * ``stall_warning``: seconds after which a task still running is reported
+      with the worker's Python stack (None: never). The threshold grows to ten
+      times the workers' typical time per batch, so slow-but-steady datasets
+      are not flagged.
+    * ``on_timeout``: when ``timeout`` expires, ``"raise"`` (torch) or
+      ``"restart"``: kill the stuck worker and retry its tasks.
+    """
+
+    max_worker_restarts: int = 3
+    on_error: str = "raise"
+    max_errors: int | float = 0.01
+    stall_warning: float | None = 60.0
+    on_timeout: str = "raise"
+
+    def __post_init__(self) -> None:
+        restarts = self.max_worker_restarts
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ConfigError(
+                f"max_worker_restarts must be an int >= 0, got {self.max_worker_restarts!r}"
+            )
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.on_timeout not in ON_TIMEOUT:
+            raise ConfigError(f"on_timeout must be one of {ON_TIMEOUT}, got {self.on_timeout!r}")
+        budget = self.max_errors
+        if not _is_number(budget) or not budget >= 0:  # "not >=" also rejects NaN
+            raise ConfigError(
+                "max_errors must be a count (int >= 0) or a fraction of the epoch "
+                f"(0 <= float < 1), got {budget!r}"
+            )
+        if isinstance(budget, float) and budget >= 1:
+            raise ConfigError(
+                f"max_errors as a float is a fraction of the epoch and must be < 1, got {budget!r}"
+                f" (for a count, pass an int: max_errors={int(budget)})"
+            )
+        stall = self.stall_warning
+        if stall is not None and not (_is_number(stall) and stall > 0 and math.isfinite(stall)):
+            raise ConfigError(
+                f"stall_warning must be > 0 seconds or None, got {self.stall_warning!r}"
+            )
+
+    @property
+    def skipping(self) -> bool:
+        return self.on_error == "skip"
+
+    def error_budget(self, epoch_samples: int | None) -> int | None:
+        """Samples an epoch may skip; None when a fraction has no epoch size to apply to."""
+        if isinstance(self.max_errors, int):
+            return self.max_errors
+        if epoch_samples is None:
+            return None
+        return math.ceil(self.max_errors * epoch_samples)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything an iterator needs, validated (see ``DataLoader``)."""
+
+    dataset: Any
+    collate_fn: Any
+    worker_init_fn: Any
+    sampler: Any  # yields dataset indices (or placeholders for iterable datasets)
+    batch_sampler: Any  # None without automatic batching
+    iterable: bool  # an iterable-style dataset
+    batch_size: int | None
+    drop_last: bool
+    generator: Any
+    num_workers: int
+    prefetch_factor: int  # 0 without workers
+    timeout: float
+    in_order: bool
+    persistent_workers: bool
+    pin_memory: bool
+    pin_memory_device: str
+    start_method: StartMethod
+    policy: SupervisionPolicy = field(default_factory=SupervisionPolicy)
+    preflight: bool = True
+
+    @property
+    def auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def index_sampler(self) -> Any:
+        """What the iterators draw from: a batch of indices per task, or one index."""
+        return self.batch_sampler if self.auto_collation else self.sampler
+
+    def epoch_samples(self) -> int | None:
+        """Samples the sampler yields per epoch (None: it has no length)."""
+        try:
+            return len(self.sampler)
+        except TypeError:
+            return None
+
+
+@dataclass
+class LoaderHistory:
+    """What a loader accumulates across its iterators and epochs."""
+
+    epochs_started: int = 0
+    skipped: list[SkippedSample] = field(default_factory=list)
+    last_statistics: LoaderStatistics | None = None
+    iterable_len: int | None = None  # len(dataset) as reported to len(loader), iterable-style
+
+    def next_epoch(self) -> int:
+        self.epochs_started += 1
+        return self.epochs_started - 1
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
