@@ -210,6 +210,7 @@ class TaskBook:
 
     def _start_epoch_state(self) -> None:
         self.tasks: dict[int, Entry] = {}  # sent, not yet handed out
+        self._arrived: dict[int, None] = {}  # seqs with a reply, in order of arrival
         self.next_seq = 0
         self.next_out = 0  # in order: the seq to hand out next
         self.handed_out = 0
@@ -295,6 +296,7 @@ class TaskBook:
             return False
         entry.reply = reply
         entry.origin = origin
+        self._arrived[reply.seq] = None
         if isinstance(reply, BatchDone):
             if reply.busy_s > 0:
                 ewma = 0.9 * self.batch_time + 0.1 * reply.busy_s
@@ -322,6 +324,7 @@ class TaskBook:
                 return EpochEnd()
             return Wait()
         del self.tasks[entry.seq]
+        self._arrived.pop(entry.seq, None)
         record = self.workers[entry.worker_id]
         record.in_flight -= 1
         if isinstance(entry.reply, IterationEnded):
@@ -339,10 +342,9 @@ class TaskBook:
                 return None
             self.next_out += 1
             return entry
-        for entry in self.tasks.values():  # oldest first: dicts keep insertion order
-            if entry.reply is not None:
-                return entry
-        return None
+        # As they came (torch hands out in arrival order).
+        seq = next(iter(self._arrived), None)
+        return None if seq is None else self.tasks[seq]
 
     def _record_left_out(self, entry: Entry) -> BaseException | None:
         """Record the batch's left-out samples; the error to raise if that spends the budget."""
@@ -520,6 +522,7 @@ class TaskBook:
             entry.crashes = 0
         else:  # nothing left to retry: settle the task as an empty batch
             entry.reply = BatchDone(self.epoch, entry.seq, None)
+            self._arrived[entry.seq] = None
         return True
 
     def _crash_error(self, death: Death, held: list[int], text: str) -> WorkerCrashedError:
@@ -591,7 +594,8 @@ class TaskBook:
             pid=busy.pid,
             indices=indices,
         )
-        self._give_up(error, status.seq if entry is not None else None)
+        held = self._held(worker_id)
+        self._give_up(error, status.seq if entry is not None else min(held, default=None))
         return TimedOut(worker_id, error, doing)
 
     def add_to_kill_reason(self, worker_id: int, stacks: str) -> None:

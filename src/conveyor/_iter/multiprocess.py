@@ -354,7 +354,8 @@ class MultiprocessIterator:
                     stacks = self._pool.dump_stacks(worker_id)
                     self._book.add_to_kill_reason(worker_id, stacks)
                     if error is not None and stacks:
-                        add_note(error, f"The worker's current Python stack:\n{stacks}")
+                        text = f"{error.args[0]}\nThe worker's current Python stack:\n{stacks}"
+                        error.args = (text,)
                     # Known stuck: kill it now. With on_timeout="restart" its death
                     # is then handled like any other; otherwise the book gives up.
                     self._pool.kill(worker_id)

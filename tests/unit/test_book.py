@@ -1,0 +1,334 @@
+"""The task book, event by event: facts in, decisions out. No process, no clock, no sleep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor._iter.book import (
+    Busy,
+    Death,
+    EpochEnd,
+    GiveUp,
+    Handout,
+    Restart,
+    Stalled,
+    TaskBook,
+    TimedOut,
+    Wait,
+)
+from conveyor._workers.protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
+from conveyor._workers.remote_error import capture
+from conveyor._workers.status import WorkerStatus
+from conveyor.config import SupervisionPolicy
+from conveyor.errors import WorkerCrashedError, WorkerTimeoutError
+from conveyor.records import SkippedSample
+
+IDLE = WorkerStatus(-1, -1, None, -1, 0.0)
+DONE = object()  # a batch payload stand-in
+
+
+def book(
+    workers: int = 2, prefetch: int = 2, in_order: bool = True, **policy: Any
+) -> tuple[TaskBook, list[SkippedSample]]:
+    skipped: list[SkippedSample] = []
+    timeout = policy.pop("timeout", 0)
+    iterable = policy.pop("iterable", False)
+    b = TaskBook(
+        num_workers=workers,
+        prefetch=prefetch,
+        in_order=in_order,
+        iterable=iterable,
+        auto_collation=True,
+        policy=SupervisionPolicy(**policy),
+        skipped=skipped,
+        timeout=timeout,
+    )
+    b.start_epoch(0, 100)
+    return b, skipped
+
+
+def dispatch(b: TaskBook, batches: list[list[int]]) -> list[tuple[int, int]]:
+    """Send as many of ``batches`` as the book allows; (worker, seq) of each sent."""
+    sent = []
+    for index in batches:
+        worker = b.next_worker()
+        if worker is None:
+            break
+        task = b.add(worker, index, now=0.0)
+        sent.append((worker, task.seq))
+    return sent
+
+
+def reply(b: TaskBook, seq: int, **kw: Any) -> bool:
+    return b.on_reply(b.tasks[seq].worker_id, BatchDone(b.epoch, seq, DONE, **kw))
+
+
+def step_kinds(b: TaskBook, n: int) -> list[Any]:
+    out = []
+    for _ in range(n):
+        s = b.next_step()
+        out.append(s.entry.seq if isinstance(s, Handout) else type(s).__name__)
+        if not isinstance(s, Handout):
+            break
+    return out
+
+
+def batches(n: int, size: int = 2) -> list[list[int]]:
+    return [list(range(i * size, (i + 1) * size)) for i in range(n)]
+
+
+# --- delivery ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("in_order", "arrivals", "expected"),
+    [
+        (True, [1, 0, 3, 2], [0, 1, 2, 3]),
+        (True, [3, 2, 1], ["Wait"]),  # seq 0 missing: nothing can be handed out
+        (False, [3, 1], [3, 1, "Wait"]),  # as they come
+        (False, [2, 0, 1, 3], [2, 0, 1, 3]),
+    ],
+)
+def test_delivery_order(in_order: bool, arrivals: list[int], expected: list[Any]) -> None:
+    b, _ = book(in_order=in_order)
+    assert dispatch(b, batches(4)) == [(0, 0), (1, 1), (0, 2), (1, 3)]
+    for seq in arrivals:
+        assert reply(b, seq)
+    assert step_kinds(b, len(expected)) == expected
+
+
+def test_epoch_ends_when_every_task_is_handed_out_and_the_sampler_is_done() -> None:
+    b, _ = book()
+    dispatch(b, batches(2))
+    b.next_worker()
+    b.sampler_ended()
+    for seq in (0, 1):
+        reply(b, seq)
+    assert step_kinds(b, 3) == [0, 1, "EpochEnd"]
+
+
+def test_capacity_out_of_order_routes_around_a_busy_worker() -> None:
+    b, _ = book(workers=2, prefetch=1, in_order=False)
+    assert dispatch(b, batches(2)) == [(0, 0), (1, 1)]
+    reply(b, 1)
+    assert isinstance(b.next_step(), Handout)  # worker 1's batch out: it has room again
+    assert b.next_worker() == 1  # worker 0 is at capacity (its task still running)
+
+
+def test_in_order_dispatch_waits_for_its_turn_like_torch() -> None:
+    b, _ = book(workers=2, prefetch=1, in_order=True)
+    dispatch(b, batches(2))
+    reply(b, 1)
+    assert b.next_worker() == 0  # round-robin, whatever the load
+
+
+def test_stale_and_repeated_replies_are_refused() -> None:
+    b, _ = book()
+    dispatch(b, batches(2))
+    assert reply(b, 0)
+    assert not reply(b, 0)  # the same task answered twice (a resent task's late twin)
+    assert not b.on_reply(0, BatchDone(b.epoch - 1, 1, DONE))  # an abandoned epoch
+    assert not b.on_reply(0, BatchDone(b.epoch, 99, DONE))  # never sent
+
+
+def test_new_epoch_forgets_the_old_epochs_tasks() -> None:
+    b, _ = book()
+    dispatch(b, batches(4))
+    reply(b, 0)
+    b.start_epoch(1, 100)  # persistent workers, the user broke out of epoch 0
+    assert b.tasks == {}
+    assert not b.on_reply(0, BatchDone(0, 1, DONE))  # epoch 0's replies are stale now
+    assert dispatch(b, batches(1)) == [(0, 0)]
+    assert b.epoch == 1
+
+
+def test_an_iterable_workers_end_makes_it_inactive() -> None:
+    b, _ = book(iterable=True)
+    dispatch(b, batches(4))
+    b.on_reply(0, IterationEnded(0, 0))
+    assert isinstance(b.next_step(), Handout)
+    assert [b.next_worker() for _ in range(3)] == [1, 1, 1]
+
+
+# --- dead workers -------------------------------------------------------------------
+
+
+def died(worker: int, seq: int, stage: Stage = Stage.FETCH, position: int = -1) -> Death:
+    return Death(worker, 4000 + worker, -9, WorkerStatus(0, seq, stage, position, 0.1))
+
+
+def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None:
+    b, _ = book()
+    dispatch(b, batches(4))  # worker 0 holds 0 and 2
+    reply(b, 0)
+    decision = b.on_death(died(0, 2), now=1.0)
+    assert isinstance(decision, Restart)
+    assert [(t.seq, t.index, t.trace) for t in decision.resend] == [(2, [4, 5], True)]
+    assert "exited unexpectedly during fetch of batch 2" in decision.report
+    assert "SIGKILL" in decision.report
+    assert (b.restarts, b.retried) == (1, 1)
+
+
+def test_a_task_that_kills_twice_with_its_sample_named_gives_up_at_its_place() -> None:
+    b, _ = book()
+    dispatch(b, batches(4))
+    assert isinstance(b.on_death(died(0, 0), 1.0), Restart)
+    assert b.on_death(died(0, 0, position=1), 2.0) is None  # the traced retry: index 1
+    reply(b, 1)
+    step = b.next_step()
+    assert isinstance(step, GiveUp)  # at seq 0: nothing earlier to deliver
+    assert isinstance(step.error, WorkerCrashedError)
+    assert "Dataset index 1 killed its worker twice" in str(step.error)
+
+
+def test_under_skip_the_poison_sample_is_left_out_and_the_task_retried_without_it() -> None:
+    b, skipped = book(on_error="skip", max_errors=3)
+    dispatch(b, batches(4))
+    b.on_death(died(0, 0), 1.0)
+    decision = b.on_death(died(0, 0, position=1), 2.0)
+    assert isinstance(decision, Restart)
+    assert [(t.seq, t.exclude) for t in decision.resend] == [(0, (1,)), (2, ())]
+    reply(b, 0)
+    assert isinstance(b.next_step(), Handout)
+    assert [(s.index, s.stage) for s in skipped] == [(1, "crash")]  # recorded when handed out
+    # Later tasks leave it out up front.
+    b.start_epoch(1, 100)
+    sent = b.add(0, [0, 1], now=3.0)
+    assert sent.exclude == (1,)
+
+
+def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
+    b, _ = book(max_worker_restarts=0)
+    dispatch(b, batches(4))  # worker 1 holds 1 and 3
+    assert b.on_death(died(1, 1), 1.0) is None
+    assert isinstance(b.next_step(), Wait)  # batch 0 is still coming from worker 0
+    reply(b, 0)
+    assert isinstance(b.next_step(), Handout)
+    step = b.next_step()
+    assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
+    assert b.next_worker() is None  # nothing more is sent once giving up
+
+
+def test_two_start_up_deaths_in_a_row_give_up_and_a_ready_worker_resets_the_run() -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(2))
+    assert isinstance(b.on_death(died(0, -1, Stage.STARTUP), 1.0), Restart)
+    b.on_ready(0)
+    assert isinstance(b.on_death(died(0, -1, Stage.STARTUP), 2.0), Restart)
+    assert b.on_death(died(0, -1, Stage.WORKER_INIT), 3.0) is None
+    step = b.next_step()
+    assert isinstance(step, GiveUp) and "died the same way in its replacement" in str(step.error)
+
+
+# --- skips --------------------------------------------------------------------------
+
+
+def failed_sample(index: int) -> SampleFailed:
+    return SampleFailed(index, Stage.FETCH, capture(ValueError(f"bad {index}")))
+
+
+def test_skip_budget_is_judged_in_delivery_order() -> None:
+    b, skipped = book(on_error="skip", max_errors=0)
+    dispatch(b, batches(4))
+    reply(b, 1, skipped=(failed_sample(2),))  # arrives first, but comes second
+    reply(b, 0)
+    assert step_kinds(b, 1) == [0]  # the earlier batch is delivered first
+    step = b.next_step()
+    assert isinstance(step, GiveUp) and isinstance(step.error, ValueError)
+    assert "max_errors=0" in step.error.__notes__[-1]
+    assert [s.index for s in skipped] == [2]
+
+
+def test_skipped_samples_within_budget_are_recorded_with_their_epoch_and_stage() -> None:
+    b, skipped = book(on_error="skip", max_errors=2)
+    dispatch(b, batches(2))
+    reply(b, 0, skipped=(failed_sample(1),))
+    b.next_step()
+    assert [(s.index, s.epoch, s.worker_id, s.stage, s.exception_type) for s in skipped] == [
+        (1, 0, 0, "fetch", "builtins.ValueError")
+    ]
+
+
+# --- time ---------------------------------------------------------------------------
+
+
+def busy(worker: int, seq: int, age: float) -> Busy:
+    return Busy(worker, 4000 + worker, WorkerStatus(0, seq, Stage.FETCH, -1, age))
+
+
+def test_typical_batch_time_is_the_workers_own_not_the_consumers_pace() -> None:
+    b, _ = book(stall_warning=0.5)
+    dispatch(b, batches(4))
+    for seq in range(4):
+        reply(b, seq, busy_s=0.01)  # 10 ms in the worker, however slowly the user consumes
+    assert b.batch_time == pytest.approx(0.01)
+    assert b.stall_threshold() == 0.5  # not 10x a consumer's 400 ms step
+
+
+def test_a_stall_is_reported_once_with_the_typical_time() -> None:
+    b, _ = book(stall_warning=2.0)
+    dispatch(b, batches(2))
+    reply(b, 1, busy_s=0.02)
+    assert b.overdue([busy(0, 0, 1.0)]) == []
+    first = b.overdue([busy(0, 0, 2.5)])
+    assert [type(x) for x in first] == [Stalled]
+    assert "a worker usually takes 20 ms per batch" in first[0].report  # type: ignore[union-attr]
+    assert b.overdue([busy(0, 0, 9.0)]) == []  # once per task
+
+
+def test_timeout_raise_gives_up_at_the_stuck_tasks_place() -> None:
+    b, _ = book(timeout=5)
+    dispatch(b, batches(4))
+    reply(b, 0, busy_s=0.03)
+    [timed_out] = b.overdue([busy(1, 1, 6.0)])
+    assert isinstance(timed_out, TimedOut) and isinstance(timed_out.error, WorkerTimeoutError)
+    assert "usually takes 30 ms" in str(timed_out.error)
+    assert step_kinds(b, 2) == [0, "GiveUp"]
+
+
+def test_timeout_restart_kills_and_the_death_restarts_it_naming_the_reason() -> None:
+    b, _ = book(timeout=5, on_timeout="restart")
+    dispatch(b, batches(4))
+    [timed_out] = b.overdue([busy(1, 1, 6.0)])
+    assert isinstance(timed_out, TimedOut) and timed_out.error is None
+    b.add_to_kill_reason(1, "  File 'x.py', line 3")
+    decision = b.on_death(died(1, 1), 7.0)
+    assert isinstance(decision, Restart)
+    assert "past timeout=5, so conveyor killed it" in decision.report
+    assert "File 'x.py', line 3" in decision.report
+    assert [t.seq for t in decision.resend] == [1, 3]
+
+
+def test_deadline_is_the_nearest_limit_of_any_running_task() -> None:
+    b, _ = book(timeout=10, stall_warning=4.0)
+    assert b.next_deadline([]) == 4.0
+    assert b.next_deadline([busy(0, 0, 3.0), busy(1, 1, 1.0)]) == pytest.approx(1.0)
+    assert b.next_deadline([busy(0, 0, 12.0)]) == 0.0
+
+
+# --- failures in user code ----------------------------------------------------------
+
+
+def test_task_failure_is_handed_out_in_order_with_its_context() -> None:
+    b, _ = book()
+    dispatch(b, batches(2))
+    b.on_reply(1, TaskFailed(0, 1, Stage.COLLATE, capture(KeyError("label"))))
+    reply(b, 0)
+    assert step_kinds(b, 1) == [0]
+    step = b.next_step()
+    assert isinstance(step, Handout)
+    context = b.task_error_context(step.entry, pid=77)
+    assert (context.worker_id, context.pid, context.stage, context.indices) == (
+        1,
+        77,
+        "collate",
+        (2, 3),
+    )
+
+
+def test_nothing_is_handed_out_after_the_epoch_ends() -> None:
+    b, _ = book(workers=1, prefetch=1)
+    b.sampler_ended()
+    assert isinstance(b.next_step(), EpochEnd)
