@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from conveyor import (
@@ -33,6 +34,7 @@ from conveyor import (
     WorkerStatistics,
     WorkerTimeoutError,
 )
+from tests.helpers.sync import Mailbox, post, wait_exit
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -325,10 +327,12 @@ def test_startup_deaths_far_apart_are_not_a_repeating_fault(tmp_path: Path) -> N
     assert stats.worker_restarts == 3
 
 
-class DiesLateOnce:
-    """``dataset[3]`` sleeps 0.3 s, then SIGKILLs its worker (once: a marker file)."""
+class HangsInThreeOnce:
+    """``dataset[3]`` posts its worker's pid to ``mailbox`` and hangs until it is killed
+    (once: a marker file; the retry gets 3)."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, mailbox: str, marker: str) -> None:
+        self.mailbox = mailbox
         self.marker = marker
 
     def __len__(self) -> int:
@@ -337,13 +341,17 @@ class DiesLateOnce:
     def __getitem__(self, index: int) -> int:
         if index == 3 and not os.path.exists(self.marker):
             Path(self.marker).touch()
-            time.sleep(0.3)
-            os.kill(os.getpid(), signal.SIGKILL)
+            post(self.mailbox, str(os.getpid()))
+            time.sleep(60)  # stuck until the sampler kills it
         return index
 
 
-class SlowThirdBatch:
-    """Batches of 2; the main process takes 1 s to draw the third (a slow sampler)."""
+class KillsTheWorkerBeforeTheThirdBatch:
+    """Batches of 2. Asked for the third, the sampler (in the main process) waits until the
+    worker is in ``dataset[3]``, SIGKILLs it and waits until it is dead."""
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
 
     def __len__(self) -> int:
         return 4
@@ -351,7 +359,9 @@ class SlowThirdBatch:
     def __iter__(self) -> Iterator[list[int]]:
         for k in range(4):
             if k == 2:
-                time.sleep(1.0)
+                pid = int(self.mailbox.wait())
+                os.kill(pid, signal.SIGKILL)
+                wait_exit(pid)
             yield [2 * k, 2 * k + 1]
 
 
@@ -359,15 +369,19 @@ class SlowThirdBatch:
 def test_worker_dying_while_the_next_task_is_sent_is_recovered(tmp_path: Path) -> None:
     # The worker is alive when batch 0 arrives; while the sampler draws batch 2, it dies
     # on batch 1; then batch 2 is sent to it.
-    loader = DataLoader(
-        DiesLateOnce(str(tmp_path / "killed")),
-        batch_sampler=SlowThirdBatch(),
-        num_workers=1,
-        collate_fn=list,
-        multiprocessing_context="fork",
-    )
+    with Mailbox(tmp_path / "reached") as box:
+        loader = DataLoader(
+            HangsInThreeOnce(box.path, str(tmp_path / "killed")),
+            batch_sampler=KillsTheWorkerBeforeTheThirdBatch(box),
+            num_workers=1,
+            collate_fn=list,
+            multiprocessing_context="fork",
+        )
 
-    assert list(loader) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert list(loader) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    stats = loader.statistics()
+    assert stats is not None
+    assert stats.worker_restarts == 1  # the death was seen and handled
 
 
 # --- statistics -------------------------------------------------------------------------
@@ -378,6 +392,7 @@ def test_statistics_after_a_restart(tmp_path: Path) -> None:
     # 2 workers; batch 1 ([2, 3]) is worker 1's and kills it once.
     loader = _loader(Flaky(8, kill={3}, marker_dir=str(tmp_path)), num_workers=2)
     assert loader.statistics() is None  # before the first iteration
+    sent = time.monotonic()  # no task is older than this
     it = iter(loader)
     started = loader.statistics()
     assert started is not None
@@ -386,10 +401,14 @@ def test_statistics_after_a_restart(tmp_path: Path) -> None:
     assert next(it) == [0, 1]
 
     during = loader.statistics()
+    oldest_possible = time.monotonic() - sent
     assert isinstance(during, LoaderStatistics)
     assert (during.epoch, during.batches, during.samples) == (0, 1, 2)
     assert during.in_flight  # the prefetched batches
-    assert all(t.age_s >= 0 for t in during.in_flight)
+    for task in during.in_flight:  # any of batches 1-3, on either worker
+        assert 1 <= task.seq <= 3 and task.worker_id in (0, 1), task
+        assert task.indices == (2 * task.seq, 2 * task.seq + 1), task
+        assert 0 <= task.age_s <= oldest_possible, (task, oldest_possible)
     assert [t.seq for t in during.in_flight] == sorted(t.seq for t in during.in_flight)
 
     rest = list(it)
@@ -524,4 +543,39 @@ def test_skip_works_without_workers() -> None:
     )
 
     assert list(loader) == [[0, 1], [2], [4, 5]]
+    assert [(s.index, s.stage) for s in loader.skipped_samples] == [(3, "fetch")]
+
+
+class TupleRows:
+    """A list- or NumPy-backed dataset; index 3 is corrupt."""
+
+    def __init__(self, backing: str) -> None:
+        rows = [[i, i * 10] for i in range(8)]
+        self.rows: Any = np.array(rows) if backing == "numpy" else rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Any:
+        if index == 3:
+            raise ValueError("row 3 is corrupt")
+        return np.asarray(self.rows[index])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("backing", ["list", "numpy"])
+def test_batch_sampler_yielding_tuples_works_under_skip(workers: int, backing: str) -> None:
+    # A batch sampler may yield tuples; each element is one dataset index, never
+    # the tuple as a whole (numpy would fancy-index it and return wrong rows).
+    batches = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    loader = DataLoader(
+        TupleRows(backing),
+        batch_sampler=batches,
+        num_workers=workers,
+        on_error="skip",
+        max_errors=1,
+        **({"multiprocessing_context": "fork"} if workers else {}),
+    )
+    got = [row.tolist() for batch in loader for row in batch]
+    assert got == [[i, i * 10] for i in range(8) if i != 3]
     assert [(s.index, s.stage) for s in loader.skipped_samples] == [(3, "fetch")]

@@ -200,8 +200,12 @@ def test_finished_iterator_kept_alive_holds_no_shared_memory(
         )
     )
     workers = _take_worker_pids(it)
-    with contextlib.suppress(WorkerCrashedError):  # a notebook keeps the traceback: keep `it`
+    crashed = False
+    try:
         collections.deque(it, maxlen=0)  # to the end, keeping no batch
+    except WorkerCrashedError:  # a notebook keeps the traceback: keep `it`
+        crashed = True
+    assert crashed == (end == "worker_crash")
     gc.collect()
 
     _assert_torn_down(leak_check, workers)  # the workers are gone...
@@ -235,14 +239,31 @@ def test_keeping_every_batch_falls_back_to_the_pipe_then_frees_all(
 # --- the main process is interrupted or killed -------------------------------------
 
 
-def _start_child(start_method: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+@contextlib.contextmanager
+def _child_in_its_own_group(start_method: str) -> Iterator[subprocess.Popen[str]]:
+    """The slow-loader script as a terminal job: its own process group.
+
+    However the test ends, the whole group is killed, the child reaped and both of its
+    pipes closed before the next test starts: an unclosed pipe is a ResourceWarning
+    whenever the garbage collector gets to it, and (warnings are errors) that fails
+    whatever test is running then.
+    """
+    child = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "slow_loader.py"), start_method],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group, as a terminal job has
+        start_new_session=True,
     )
+    try:
+        yield child
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _read_worker_pids(child: subprocess.Popen[str]) -> list[psutil.Process]:
@@ -252,39 +273,30 @@ def _read_worker_pids(child: subprocess.Popen[str]) -> list[psutil.Process]:
         ready = selector.select(STARTUP_TIMEOUT_S)
     line = child.stdout.readline() if ready else ""
     if not line.startswith("PIDS "):
-        _kill_group(child)
-        _, err = child.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        _, err = child.communicate(timeout=30)
         pytest.fail(f"the child printed {line!r} instead of its worker pids; stderr:\n{err}")
     return [psutil.Process(int(pid)) for pid in line.split()[1:]]
 
 
-def _kill_group(child: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is gone already
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
-
-
 def test_ctrl_c_gives_one_keyboard_interrupt_and_stops_workers(start_method: str) -> None:
-    child = _start_child(start_method)
-    try:
+    with _child_in_its_own_group(start_method) as child:
         workers = _read_worker_pids(child)
         os.killpg(child.pid, signal.SIGINT)  # as a terminal does: the whole group
         _, err = child.communicate(timeout=20)
-    finally:
-        _kill_group(child)
+        survivors = leaks.wait_gone(workers, 5.0)  # before the cleanup kills the group
 
     assert child.returncode == -signal.SIGINT, err
     assert err.count("Traceback") == 1, err
     assert err.rstrip().endswith("KeyboardInterrupt"), err
-    survivors = leaks.wait_gone(workers, 5.0)
     assert not survivors, "workers outlived Ctrl-C:\n" + leaks.describe(survivors)
 
 
 def test_killed_main_process_takes_its_workers_along(
     start_method: str, leak_check: leaks.LeakSnapshot
 ) -> None:
-    child = _start_child(start_method)
-    try:
+    with _child_in_its_own_group(start_method) as child:
         workers = _read_worker_pids(child)
         # Everything the child started: workers, and a fork server or resource tracker.
         descendants = psutil.Process(child.pid).children(recursive=True)
@@ -293,12 +305,59 @@ def test_killed_main_process_takes_its_workers_along(
         child.wait(timeout=10)
         started = time.monotonic()
         survivors = leaks.wait_gone(descendants, 5.0)
-    finally:
-        _kill_group(child)
-        child.communicate()
+        waited = time.monotonic() - started
 
     assert not survivors, (
-        f"still running {time.monotonic() - started:.1f} s after the main process was "
-        "killed:\n" + leaks.describe(survivors)
+        f"still running {waited:.1f} s after the main process was killed:\n"
+        + leaks.describe(survivors)
     )
     assert leaks.new_shm_entries(leak_check) == []
+
+
+class StartsAChild:
+    """Each sample starts a long-running subprocess (a decoder, say) and writes its pid."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        child = subprocess.Popen(["sleep", "300"])  # noqa: S603, S607 - the subject
+        with open(self.marker, "a") as out:
+            out.write(f"{child.pid}\n")
+        return index
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("how", ["end", "break", "crash"])
+def test_processes_a_worker_started_die_with_the_loader(
+    method: str, how: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "children"
+    loader = DataLoader(
+        StartsAChild(str(marker)),
+        batch_size=2,
+        num_workers=1,
+        multiprocessing_context=method,
+        max_worker_restarts=0,
+    )
+    it = iter(loader)
+    next(it)
+    if how == "crash":  # the worker dies first: its child is re-parented, still ours
+        worker = psutil.Process(loader.statistics().workers[0].pid)  # type: ignore[union-attr]
+        worker.kill()
+        with pytest.raises(WorkerCrashedError):
+            list(it)
+    elif how == "end":
+        list(it)
+    del it
+    gc.collect()
+    pids = [int(pid) for pid in marker.read_text().split()]
+    assert pids, "the dataset started no subprocess"
+    children = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):  # already gone: fine
+            children.append(psutil.Process(pid))
+    assert leaks.wait_gone(children, 10.0) == [], "a worker's subprocess outlived the loader"

@@ -209,7 +209,13 @@ class Decoder:
         # base is a memoryview), so it dies exactly when the last one does.
         base = np.frombuffer(memoryview(region), dtype=np.uint8)  # type: ignore[arg-type]
         buffers = [base[offset : offset + nbytes] for offset, nbytes in payload.layout]
-        batch = pickle.loads(payload.meta, buffers=buffers)
+        try:
+            batch = pickle.loads(payload.meta, buffers=buffers)
+        except BaseException:
+            # Nothing of the batch reaches the user: the slot goes back now (the
+            # failed unpickle's frames may keep ``base`` alive for a long while).
+            self._on_release(payload.slot.slot_id)
+            raise
         del buffers
         finalizer = weakref.finalize(base, self._on_release, payload.slot.slot_id)
         finalizer.atexit = False
