@@ -17,7 +17,9 @@ for ``torch.utils.data.DataLoader`` keep working::
     │   └── CollateTypeError (TypeError)      an element type collate cannot batch
     ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
-        └── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
+        ├── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
+        └── UsageError                        ``conveyor doctor MODULE:OBJECT`` names nothing
+                                              it can load (exit status 2)
 
 Warnings (the loader keeps going)::
 
@@ -54,6 +56,7 @@ __all__ = [
     "PreflightWarning",
     "SharedMemoryExhaustedError",
     "UnpicklableError",
+    "UsageError",
     "WorkerContext",
     "WorkerCrashedError",
     "WorkerError",
@@ -203,6 +206,11 @@ class ConfigError(ConveyorError, ValueError):
 
 class PrefetchFactorError(ConfigError, AssertionError):
     """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
+
+
+class UsageError(ConfigError):
+    """``conveyor doctor MODULE:OBJECT``: the argument does not name something doctor can
+    load (no such module or object, its import failed, not a dataset); exit status 2."""
 
 
 def _rebuild_with_kwargs(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

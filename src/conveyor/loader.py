@@ -6,6 +6,7 @@ torch raises for a bad combination. The work happens in ``_iter``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import warnings
@@ -264,6 +265,10 @@ class DataLoader:
     def __iter__(self) -> InlineIterator | MultiprocessIterator:
         iterator: InlineIterator | MultiprocessIterator
         config = self._config
+        if self._multiprocessing_context is None:
+            # The platform's default is read when iterating, as torch reads it, so a
+            # set_start_method() after building the loader is honoured.
+            config = dataclasses.replace(config, start_method=StartMethod.of(None))
         if self.num_workers > 0 and self._preflight_pending:
             run_automatic(config)  # raises an ERROR before any worker starts, warns once
             self._preflight_pending = False

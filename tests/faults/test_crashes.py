@@ -32,6 +32,7 @@ from conveyor import (
 )
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
+from tests.helpers.sync import Mailbox, post, wait_exit
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -39,23 +40,23 @@ pytestmark = pytest.mark.timeout(90)
 class DiesAt:
     """Sample ``i`` is the worker's pid; ``dataset[bad]`` kills the worker ``how``.
 
-    ``how="sleep"`` hangs for 30 s instead. With a ``marker`` path, ``dataset[bad]``
-    first writes the worker's pid there.
+    ``how="sleep"`` hangs for 30 s instead. With a ``mailbox`` path, ``dataset[bad]``
+    first posts the worker's pid there.
     """
 
-    def __init__(self, how: str, bad: int, length: int = 8, marker: str = "") -> None:
+    def __init__(self, how: str, bad: int, length: int = 8, mailbox: str = "") -> None:
         self.how = how
         self.bad = bad
         self.length = length
-        self.marker = marker
+        self.mailbox = mailbox
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> int:
         if index == self.bad:
-            if self.marker:
-                Path(self.marker).write_text(str(os.getpid()))
+            if self.mailbox:
+                post(self.mailbox, str(os.getpid()))
             if self.how == "SIGKILL":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif self.how == "SIGSEGV":
@@ -82,23 +83,6 @@ def _loader(dataset: Any, start_method: str, **kwargs: Any) -> DataLoader:
     return DataLoader(
         dataset, batch_size=2, num_workers=1, multiprocessing_context=start_method, **kwargs
     )
-
-
-def _pid_from(marker: Path, timeout: float = 30.0) -> int:
-    """Wait for the dataset to write its worker's pid to ``marker`` (spawn takes a while)."""
-    deadline = time.monotonic() + timeout
-    while not marker.exists() or not marker.read_text():
-        assert time.monotonic() < deadline, f"{marker} never appeared"
-        time.sleep(0.02)
-    return int(marker.read_text())
-
-
-def _wait_gone(pid: int) -> None:
-    try:
-        worker = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return  # died and reaped already
-    assert leaks.wait_gone([worker], 30.0) == [], f"worker {pid} did not die"
 
 
 @pytest.mark.parametrize(
@@ -174,12 +158,14 @@ def test_batch_finished_before_a_fatal_crash_is_still_delivered(
     start_method: str, tmp_path: Path
 ) -> None:
     # Batch 1 = [2, 3] kills the worker; batch 0 is done by then.
-    dataset = DiesAt("SIGKILL", bad=2, marker=str(tmp_path / "pid"))
-    it = iter(_loader(dataset, start_method, max_worker_restarts=0))
-    _wait_gone(_pid_from(tmp_path / "pid"))  # batch 0 is in the pipe by now
+    with Mailbox(tmp_path / "reached") as box:
+        dataset = DiesAt("SIGKILL", bad=2, mailbox=box.path)
+        it = iter(_loader(dataset, start_method, max_worker_restarts=0))
+        pid = int(box.wait())  # the worker is in dataset[2]...
+        wait_exit(pid)  # ...and dead: batch 0 is in the pipe by now
 
     batch = next(it)
-    assert batch.tolist()[0] > 0
+    assert batch.tolist() == [pid, pid]  # made by the worker that died next
     with pytest.raises(WorkerCrashedError) as info:
         next(it)
     # It died on batch 1; the tasks it held start there (a task sent after its
@@ -191,10 +177,10 @@ def test_batch_finished_before_a_fatal_crash_is_still_delivered(
 def test_stuck_worker_times_out_naming_worker_indices_and_stack(
     start_method: str, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "pid"
-    loader = _loader(DiesAt("sleep", bad=1, marker=str(marker)), start_method, timeout=1)
-    it = iter(loader)
-    worker = psutil.Process(_pid_from(marker))  # it is in dataset[1] now, for 30 s
+    with Mailbox(tmp_path / "reached") as box:
+        loader = _loader(DiesAt("sleep", bad=1, mailbox=box.path), start_method, timeout=1)
+        it = iter(loader)
+        worker = psutil.Process(int(box.wait()))  # it is in dataset[1] now, for 30 s
     started = time.monotonic()
 
     with pytest.raises(WorkerTimeoutError) as info:
@@ -214,12 +200,14 @@ def test_stuck_worker_times_out_naming_worker_indices_and_stack(
     assert "in __getitem__" in message  # where it sleeps
 
 
-def test_timeout_error_has_worker_and_indices_attributes() -> None:
-    loader = _loader(DiesAt("sleep", bad=1), "fork", timeout=1)
+def test_timeout_error_has_worker_and_indices_attributes(tmp_path: Path) -> None:
+    with Mailbox(tmp_path / "reached") as box:
+        loader = _loader(DiesAt("sleep", bad=1, mailbox=box.path), "fork", timeout=1)
 
-    with pytest.raises(WorkerTimeoutError) as info:
-        next(iter(loader))
+        with pytest.raises(WorkerTimeoutError) as info:
+            next(iter(loader))
+
+        pid = int(box.wait())  # posted before it hung
 
     exc: Any = info.value
-    assert (exc.worker_id, exc.indices) == (0, (0, 1))
-    assert exc.pid > 0
+    assert (exc.worker_id, exc.pid, exc.indices) == (0, pid, (0, 1))

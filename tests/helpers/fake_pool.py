@@ -54,7 +54,7 @@ class _FakeWorker:
 class FakePool:
     """Implements the loop's ``Pool`` protocol in-process (see the module docstring)."""
 
-    instances: list[FakePool] = []  # noqa: RUF012 - the tests' handle on the pool a loop made
+    instances: list[FakePool] = []
 
     def __init__(
         self, start_method: StartMethod, user: UserObjects, specs: Sequence[WorkerSpec]

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conveyor import ConfigError, DataLoader, PreflightWarning, UnpicklableError
+from conveyor import ConfigError, DataLoader, PreflightWarning, UnpicklableError, check
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(120)
@@ -222,6 +222,24 @@ def test_unpicklable_file_stops_before_workers_start(shard: Path, method: str) -
     assert (exc.path, exc.type_name) == ("dataset.fh", "_io.BufferedReader")
     assert f"start method '{method}'" in str(exc)
     assert exc.finding.code == "unpicklable"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("preflight", [True, False])
+def test_unpicklable_file_error_names_the_real_file(shard: Path, preflight: bool) -> None:
+    """The error a user hits at iter() gives the recipe check() gives: the file's own path."""
+    dataset = HoldsFile(shard)
+    loader = DataLoader(
+        dataset, num_workers=1, multiprocessing_context="spawn", preflight=preflight
+    )
+    try:
+        with pytest.raises(UnpicklableError) as info:
+            iter(loader)
+        [finding] = check(loader).errors
+    finally:
+        dataset.close()
+    recipe = f"conveyor.per_worker(open, {str(shard)!r}, 'rb') in dataset.fh instead"
+    assert recipe in str(info.value)
+    assert finding.fix in str(info.value)  # one recipe, word for word
 
 
 def test_cuda_tensor_under_fork_stops_before_workers_start(monkeypatch: pytest.MonkeyPatch) -> None:

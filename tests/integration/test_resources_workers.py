@@ -105,12 +105,6 @@ def _samples(loader) -> list:
     return [sample for batch in loader for sample in batch]
 
 
-def _wait_for(paths: list[Path], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_each_worker_opens_its_own_once_and_closes_it_at_exit(tmp_path, method):
     dataset = Probe(str(tmp_path))
@@ -131,8 +125,8 @@ def test_each_worker_opens_its_own_once_and_closes_it_at_exit(tmp_path, method):
         assert all(s[3] != id(parent) for s in mine)  # never the parent's inherited one
         # one open per worker (under fork the counter started at the parent's 1)
         assert {s[4] for s in mine} == {2 if method == "fork" else 1}
+    # no_leaks() waited for the workers to exit: each closed its resource by then, or never.
     markers = [tmp_path / f"closed-{pid}" for pid in workers]
-    _wait_for(markers)
     assert all(m.exists() for m in markers), sorted(p.name for p in tmp_path.iterdir())
     assert not (tmp_path / f"closed-{os.getpid()}").exists()  # ours is still open
     dataset.resource.close()
@@ -153,9 +147,8 @@ def test_closed_when_the_loop_breaks_early_with_persistent_workers(tmp_path):
                     break
             assert not list(tmp_path.iterdir()), f"closed during epoch {epoch}"
         del loader, batch
-    markers = [tmp_path / f"closed-{pid}" for pid in pids]
-    _wait_for(markers)
-    assert all(m.exists() for m in markers)
+    markers = [tmp_path / f"closed-{pid}" for pid in pids]  # the workers have exited
+    assert all(m.exists() for m in markers), sorted(p.name for p in tmp_path.iterdir())
 
 
 @pytest.fixture
@@ -245,6 +238,5 @@ def test_torch_workers_close_them_too(tmp_path):
         )
         pids = {s[1] for s in _samples(loader)}
         del loader
-    markers = [tmp_path / f"closed-{pid}" for pid in pids]
-    _wait_for(markers)
+    markers = [tmp_path / f"closed-{pid}" for pid in pids]  # the workers have exited
     assert len(pids) == 2 and all(m.exists() for m in markers)

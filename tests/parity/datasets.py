@@ -9,7 +9,6 @@ names what went wrong.
 from __future__ import annotations
 
 import random
-import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -19,6 +18,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import conveyor
+from tests.helpers.sync import post, wait_posted
 
 KINDS = (
     "tensor",
@@ -123,15 +123,18 @@ class GetItemsDataset(MapDataset):
 
 
 class SlowFirstDataset(MapDataset):
-    """Sample 0 takes ``delay`` seconds; each sample reports the worker that made it."""
+    """Sample 0 is slow: it takes until the last sample has been fetched (posted to the
+    mailbox at ``mailbox``). Each sample reports the worker that made it."""
 
-    def __init__(self, n: int = 10, delay: float = 0.5) -> None:
+    def __init__(self, mailbox: str, n: int = 10) -> None:
         super().__init__(n)
-        self.delay = delay
+        self.mailbox = mailbox
 
     def __getitem__(self, i: int) -> Any:
         if i == 0:
-            time.sleep(self.delay)
+            wait_posted(self.mailbox)  # a TimeoutError if the last one waits behind it
+        if i == self.n - 1:
+            post(self.mailbox, str(i))
         return i, torch.utils.data.get_worker_info().id
 
 

@@ -20,6 +20,7 @@ import pickle
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 
 import conveyor  # noqa: E402
+from tests.helpers.sync import Mailbox  # noqa: E402
 
 from . import datasets as ds  # noqa: E402
 
@@ -803,12 +805,15 @@ def test_pin_memory_without_accelerator_warns_like_torch() -> None:
     assert_batches_equal(results[1], results[0])
 
 
-def test_unordered_dispatch_routes_around_a_slow_worker() -> None:
-    """Sample 0 stalls worker 0: torch sends every later task to worker 1."""
+def test_unordered_dispatch_routes_around_a_slow_worker(tmp_path: Path) -> None:
+    """Sample 0 stalls worker 0 until sample 9 is fetched: torch sends every later task
+    to worker 1 (one sent to worker 0 would wait behind sample 0, which waits for it)."""
     expected = {(0, 0), (2, 0)} | {(i, 1) for i in (1, 3, 4, 5, 6, 7, 8, 9)}
     for cls in (TorchDataLoader, conveyor.DataLoader):
-        loader = cls(ds.SlowFirstDataset(), batch_size=None, num_workers=2, in_order=False)
-        got = {(int(i), int(worker)) for i, worker in loader}
+        with Mailbox(tmp_path / f"{cls.__module__}-last-fetched") as box:
+            dataset = ds.SlowFirstDataset(box.path)
+            loader = cls(dataset, batch_size=None, num_workers=2, in_order=False)
+            got = {(int(i), int(worker)) for i, worker in loader}
         assert got == expected, f"{cls.__module__}: (index, worker) {sorted(got)}"
 
 

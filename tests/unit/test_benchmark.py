@@ -13,7 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conveyor.benchmark import WORKLOADS, BenchOptions, BenchReport, Measurement, Row, render
+from conveyor.benchmark import (
+    WORKLOADS,
+    BenchOptions,
+    BenchReport,
+    Measurement,
+    Row,
+    render,
+    workloads,
+)
 from conveyor.benchmark.measure import PlainLoop, WindowSpec, measure_throughput, touch
 from conveyor.benchmark.report import to_json
 from conveyor.benchmark.workloads import (
@@ -36,23 +44,30 @@ def test_tiny_sample_is_16_float32_and_int_label() -> None:
     value, label = ds[999]
     assert len(ds) == 1000
     assert value.shape == (16,) and value.dtype == np.float32
-    assert isinstance(label, int)
+    assert (type(label), label) == (int, 9)  # index % 10
 
 
 def test_image_sample_is_3x224x224_uint8() -> None:
     value, label = ImageDataset(10)[7]
     assert value.shape == (3, 224, 224) and value.dtype == np.uint8
-    assert isinstance(label, int)
+    assert (type(label), label) == (int, 7)  # index % 1000
 
 
 def test_cpu_sample_is_a_small_vector() -> None:
     value, label = CpuDataset(5, iterations=100)[4]
     assert value.shape == (8,) and value.dtype == np.float32
-    assert isinstance(label, int)
+    assert (type(label), label) == (int, 4)  # index % 10
 
 
-def test_calibrated_spin_is_positive() -> None:
-    assert calibrate_spin(target_s=0.0005, trials=2) >= 1
+def test_calibrated_spin_scales_the_best_trial_to_the_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A clock on which the two trials of spin(20_000) take 4 ms, then 2 ms: the best is
+    # 2 ms, so 0.5 ms takes a quarter of 20_000 iterations.
+    ticks = iter([10.0, 10.004, 20.0, 20.002])
+    monkeypatch.setattr(workloads.time, "perf_counter", lambda: next(ticks))
+    assert calibrate_spin(target_s=0.0005, trials=2) == 5_000
+    assert next(ticks, None) is None  # one start and one end per trial
 
 
 def test_latency_sample_is_a_small_vector() -> None:

@@ -642,7 +642,10 @@ def test_default_collate_without_torch_returns_numpy() -> None:
         assert out["c"] == ["s", "s", "s"]
         assert isinstance(out["p"], P) and out["p"].x.dtype == np.float64
         assert isinstance(out["p"].y, list) and out["p"].y[0].tolist() == [0, 1, 2]
-        assert default_convert((np.ones(1),))[0] is not None
+        converted = default_convert((np.ones(1, np.float32), np.float32(2.5), "s"))
+        assert type(converted) is list, converted  # a plain tuple becomes a list, as in torch
+        assert type(converted[0]) is np.ndarray and converted[0].dtype == np.float32
+        assert converted[0].tolist() == [1.0] and converted[1:] == [np.float32(2.5), "s"]
         try:
             default_collate([np.zeros(2), np.zeros(3)])
         except CollateShapeError as e:

@@ -6,6 +6,7 @@ fixes them.
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -185,6 +186,13 @@ def test_usage_errors_name_what_failed(here: Path, spec: str, message: str) -> N
         assert "doctor.py" not in str(caught.value)
 
 
+def test_usage_error_is_a_config_error_from_errors_py() -> None:
+    from conveyor.errors import ConfigError
+    from conveyor.errors import UsageError as Defined
+
+    assert UsageError is Defined and issubclass(UsageError, ConfigError)
+
+
 # --- advice from numbers ---------------------------------------------------------------
 
 
@@ -256,7 +264,8 @@ def test_batch_bytes_count_arrays_and_tensors_and_pickle_the_rest() -> None:
     batch = {"x": np.zeros((4, 10), np.float64), "y": torch.zeros(4, dtype=torch.int32)}
     arrays, other = batch_nbytes({**batch, "names": ["a", "b"]})
     assert arrays == 4 * 10 * 8 + 4 * 4
-    assert other > 0  # the keys and the strings, pickled
+    pickled = [len(pickle.dumps(s, protocol=5)) for s in ("x", "y", "names", "a", "b")]
+    assert other == sum(pickled)  # the keys and the strings, each pickled
 
 
 def test_units() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.helpers.fake_pool import FakePool, WouldHang
 
 from conveyor import DataLoader, WorkerCrashedError, WorkerRestartedWarning
 from conveyor._iter.multiprocess import MultiprocessIterator
-from tests.helpers.fake_pool import FakePool, WouldHang
 
 
 class Numbers:
@@ -146,7 +146,12 @@ def test_batch_that_fails_to_decode_names_worker_indices_and_stage_and_loop_goes
     with pytest.raises(LookupError, match="cannot be rebuilt here") as info:
         next(it)
     context = info.value.conveyor_context  # type: ignore[attr-defined]
-    assert (context.worker_id, context.stage, context.indices, context.seq) == (1, "decode", (2, 3), 1)
+    assert (context.worker_id, context.stage, context.indices, context.seq) == (
+        1,
+        "decode",
+        (2, 3),
+        1,
+    )
     assert flat(list(it)) == list(range(4, 16))
 
 

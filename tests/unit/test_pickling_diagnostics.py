@@ -21,6 +21,7 @@ from conveyor.diagnostics.pickling import (
     explain_unpicklable_sample,
     find_unpicklable,
 )
+from conveyor.diagnostics.walk import Walk
 from conveyor.errors import UnpicklableError
 
 
@@ -351,9 +352,12 @@ def test_explain_fix_depends_on_the_type(binary_file: BinaryIO) -> None:
     )
     assert "dataset.fh is a _io.BufferedReader" in message
     assert "Also: dataset.gen (builtins.generator)." in message
-    assert "store conveyor.per_worker(open, path) instead" in message
+    assert f"store conveyor.per_worker(open, {binary_file.name!r}, 'rb') in dataset.fh" in message
     assert "create it where it is consumed (in __iter__ or __getitem__)" in message
     assert "multiprocessing_context" not in message
+    binary_file.close()  # no longer a handle that can be opened again: the fix for its type
+    closed = explain_unpicklable(Holder(fh=binary_file), "dataset", TypeError("x"), role="dataset")
+    assert "store conveyor.per_worker(open, path) instead" in str(closed)
 
 
 def test_explain_collate_fn_closure(binary_file: BinaryIO) -> None:
@@ -414,3 +418,61 @@ def test_explain_suggests_fork_only_for_what_fork_can_share() -> None:
     )
     assert "dataset.lock" in message
     assert message.endswith("or use multiprocessing_context='fork'.")
+
+
+# -- one path grammar, one recipe ----------------------------------------------------------
+
+
+def _shapes(fh: BinaryIO) -> list[tuple[str, Any, str]]:
+    """(root, object, the path of ``fh`` in it): each way a handle can be held."""
+
+    class Slotted:
+        __slots__ = ("fh",)
+
+        def __init__(self) -> None:
+            self.fh = fh
+
+    def collate_default(batch: Any, fh: BinaryIO = fh) -> Any:
+        return batch
+
+    def collate_kwonly(batch: Any, *, out: BinaryIO = fh) -> Any:
+        return batch
+
+    def make_init() -> Callable[[int], None]:
+        handle = fh
+
+        def worker_init_fn(worker_id: int) -> None:
+            handle.seek(0)
+
+        return worker_init_fn
+
+    return [
+        ("dataset", Holder(db=Holder(fh=fh)), "dataset.db.fh"),
+        ("dataset", Holder(table={"meta": [1, fh]}), "dataset.table['meta'][1]"),
+        ("dataset", Holder(s=Slotted()), "dataset.s.fh"),
+        ("collate_fn", collate_default, "collate_fn.<default 'fh'>"),
+        ("collate_fn", collate_kwonly, "collate_fn.<default 'out'>"),
+        ("collate_fn", functools.partial(sorted, key=fh), "collate_fn.keywords['key']"),
+        ("collate_fn", functools.partial(print, 1, fh), "collate_fn.args[1]"),
+        ("worker_init_fn", make_init(), "worker_init_fn.<closure var 'handle'>"),
+        ("collate_fn", Holder(fh=fh).__init__, "collate_fn.__self__.fh"),
+    ]
+
+
+def test_the_walk_and_the_pickling_search_name_a_part_the_same_way(binary_file: BinaryIO) -> None:
+    for root, obj, path in _shapes(binary_file):
+        held = [p for p, _ in Walk([(root, obj)]).handles]  # what check() and the pre-flight see
+        pickled = [f.path for f in find_unpicklable(obj, root)]  # what UnpicklableError names
+        assert held == pickled == [path], (root, obj)
+
+
+def test_explain_gives_the_precise_recipe_in_every_root(binary_file: BinaryIO) -> None:
+    recipe = f"conveyor.per_worker(open, {binary_file.name!r}, 'rb')"
+    for root, obj, path in _shapes(binary_file):
+        error = explain_unpicklable(obj, root, TypeError("x"), role=root, start_method="spawn")
+        assert error.path == path
+        assert recipe in str(error), str(error)
+        assert "multiprocessing_context" not in str(error)  # fork would share the file
+    _, collate_fn, _ = _shapes(binary_file)[3]
+    default = explain_unpicklable(collate_fn, "collate_fn", TypeError("x"), role="collate_fn")
+    assert f"make {recipe} the default of fh in collate_fn instead" in str(default)

@@ -274,10 +274,27 @@ def test_handle_dropped_by_getstate_is_not_an_error(method: str, binary_file: An
     dataset = Reopens(fh=binary_file)
     assert check(dataset, num_workers=2, multiprocessing_context=method).ok
     loader = DataLoader(dataset, num_workers=2, multiprocessing_context=method)
-    assert automatic_findings(loader) == []
+    assert automatic_findings(loader._config) == []
     # Under fork the handle is still in the child's memory, shared.
     fork = check(dataset, num_workers=2, multiprocessing_context="fork")
     assert problems(fork) == [("shared-file-handle", Severity.WARNING, "dataset.fh")]
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_a_file_in_a_function_default_gets_the_precise_recipe(
+    method: str, binary_file: Any
+) -> None:
+    def collate(batch: list[Any], fh: Any = binary_file) -> list[Any]:
+        return batch
+
+    loader = DataLoader(
+        list(range(4)), num_workers=1, collate_fn=collate, multiprocessing_context=method
+    )
+    code = "shared-file-handle" if method == "fork" else "unpicklable"
+    report = check(loader)
+    assert [(f.code, f.where) for f in report.findings] == [(code, "collate_fn.<default 'fh'>")]
+    recipe = f"conveyor.per_worker(open, {binary_file.name!r}, 'rb')"
+    assert f"make {recipe} the default of fh in collate_fn instead" in report.findings[0].fix
 
 
 # --- copy-on-read ---------------------------------------------------------------------------
@@ -373,7 +390,7 @@ def test_ordinary_datasets_have_no_warning_or_error(method: str) -> None:
         report = check(dataset, num_workers=2, multiprocessing_context=method)
         assert report.ok and not report.errors and not report.warnings, report
         loader = DataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context=method)
-        assert automatic_findings(loader) == []
+        assert automatic_findings(loader._config) == []
 
 
 # --- the walk is bounded and never raises --------------------------------------------------

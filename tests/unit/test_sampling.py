@@ -599,8 +599,7 @@ def test_without_torch_semantics(no_torch_run: dict[str, Any]) -> None:
     assert all(sorted(epoch) == list(range(12)) for epoch in a["perm"])
     assert a["perm"][0] != a["perm"][1]
     assert len(a["repl"]) == 40
-    assert set(a["repl"]) <= set(range(5))
-    assert len(set(a["repl"])) < 40
+    assert set(a["repl"]) == set(range(5))  # 40 draws: every index, some repeated
     assert sorted(a["subset"]) == [6, 7, 8, 9]
     assert set(a["weighted"]) <= {1, 3}
     assert [len(b) for b in a["batches"]] == [3, 3, 1]

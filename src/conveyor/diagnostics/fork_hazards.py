@@ -15,27 +15,25 @@ Given a :class:`~conveyor.diagnostics.walk.Walk` of the user's objects:
 
 from __future__ import annotations
 
-import io
 import itertools
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
+from ..config import StartMethod
 from .findings import ENVIRONMENT, Finding, Severity
-from .pickling import _short_repr, _type_name
-from .walk import MAX_ITEMS, Walk, handle_kind, within
+from .fixes import fix_for, per_worker_fix
+from .handles import Handle, describe_handle
+from .paths import short_repr, type_name
+from .walk import MAX_ITEMS, Walk, within
 
 __all__ = [
-    "Handle",
     "container_findings",
     "cuda_findings",
     "cuda_initialized",
-    "describe_handle",
     "handle_findings",
-    "per_worker_fix",
     "running_threads",
     "thread_findings",
 ]
@@ -51,86 +49,6 @@ _KNOWN_THREAD_MODULES = (
 # --- handles ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Handle:
-    """An open resource: its kind, a label for people, and how to open it per worker."""
-
-    kind: str  # "file" | "sqlite" | "socket" | "lmdb" | "hdf5"
-    label: str  # "'/data/train.bin', mode 'rb'"
-    recipe: str  # "open, '/data/train.bin', 'rb'": the arguments of conveyor.per_worker
-    copied_by_cloudpickle: bool = False  # a readable text file: pickles as a copy
-    writes: bool = False  # a file open for writing: buffered data is duplicated by fork
-    backed_by_file: bool = True  # False for an in-memory SQLite database
-
-
-def describe_handle(obj: Any) -> Handle | None:
-    """The open handle ``obj`` is, or None when it is closed, in memory or a standard stream."""
-    try:
-        kind = handle_kind(type(obj))
-        if kind == "file":
-            return _describe_file(obj)
-        if kind == "sqlite":
-            return _describe_sqlite(obj)
-        if kind == "socket":
-            if obj.fileno() == -1:
-                return None
-            peer = _peer(obj)
-            if isinstance(peer, tuple) and len(peer) >= 2:  # an IP address and port
-                label = f"connected to {peer[0]}:{peer[1]}"
-                return Handle("socket", label, f"socket.create_connection, {peer[:2]!r}")
-            return Handle("socket", f"connected to {peer!r}" if peer else "", "")
-        if kind == "lmdb":
-            path = obj.path()  # raises once closed
-            return Handle("lmdb", repr(path), f"lmdb.open, {path!r}, readonly=True, lock=False")
-        if kind == "hdf5":
-            if not obj:  # h5py objects are false once closed
-                return None
-            path = obj.file.filename
-            return Handle("hdf5", repr(path), f"h5py.File, {path!r}, 'r'")
-    except Exception:
-        return None
-    return None
-
-
-def _describe_file(obj: Any) -> Handle | None:
-    if obj.closed or obj.fileno() in (0, 1, 2):  # in-memory files raise in fileno()
-        return None
-    name, mode = getattr(obj, "name", None), getattr(obj, "mode", None)
-    mode = mode if isinstance(mode, str) else "rb"
-    opener = "open" if type(obj).__module__ == "_io" else _type_name(obj)
-    label = f"{name!r}, mode {mode!r}" if isinstance(name, str) else f"fd {obj.fileno()}"
-    recipe = f"{opener}, {name!r}, {mode!r}" if isinstance(name, str) else ""
-    readable = "r" in mode or "+" in mode
-    copied = isinstance(obj, io.TextIOWrapper) and readable and not obj.isatty()
-    writes = any(c in mode for c in "wax+")
-    return Handle("file", label, recipe, copied_by_cloudpickle=copied, writes=writes)
-
-
-def _describe_sqlite(conn: Any) -> Handle | None:
-    try:
-        rows = conn.execute("PRAGMA database_list").fetchall()
-    except Exception as exc:  # closed, or made in another thread (check_same_thread)
-        if "closed" in str(exc):
-            return None
-        return Handle("sqlite", "", "sqlite3.connect, path")
-    path = next((row[2] for row in rows if row[1] == "main"), "")
-    if not path:
-        return Handle("sqlite", "in memory", "sqlite3.connect, ':memory:'", backed_by_file=False)
-    return Handle("sqlite", repr(path), f"sqlite3.connect, {path!r}")
-
-
-def _peer(sock: Any) -> Any:
-    try:
-        return sock.getpeername()
-    except OSError:
-        return None
-
-
-_PER_WORKER = (
-    "store conveyor.per_worker({recipe}) in {path} instead, and call {path}.get() where it "
-    "is used (in __getitem__): each worker then opens its own {noun} on first use"
-)
-_NOUN = {"sqlite": "connection", "socket": "connection", "lmdb": "environment", "hdf5": "file"}
 _FORK_WHY = {
     "file": "Forked workers inherit one file descriptor and share its file offset: workers "
     "that seek and read at the same time read each other's bytes, so samples come back "
@@ -161,27 +79,20 @@ _WHAT = {
 }
 
 
-def handle_findings(walk: Walk, start_method: str) -> list[Finding]:
+def handle_findings(walk: Walk, start_method: StartMethod) -> list[Finding]:
     """The open handles in ``walk``: shared by forked workers, or not sendable to others."""
     findings = []
     for path, obj in walk.handles:
         handle = describe_handle(obj)
         if handle is None:
             continue
-        if start_method == "fork":
+        if start_method.copies_memory:
             finding = _fork_finding(path, handle)
         else:
-            finding = _pickled_finding(path, obj, handle, start_method)
+            finding = _pickled_finding(path, obj, handle, start_method.name)
         if finding is not None:
             findings.append(finding)
     return findings
-
-
-def per_worker_fix(path: str, handle: Handle) -> str:
-    """How to open the handle at ``path`` in each worker with :func:`conveyor.per_worker`."""
-    recipe = handle.recipe or "<function that opens it>, <its arguments>"
-    noun = _NOUN.get(handle.kind, "file")
-    return _PER_WORKER.format(recipe=recipe, path=path, noun=noun) + "."
 
 
 def _what(handle: Handle) -> str:
@@ -229,20 +140,20 @@ def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> 
         severity=Severity.ERROR,
         where=path,
         what=f"{_what(handle)} cannot be sent to the {start_method} workers",
-        why=f"{path} is a {_type_name(obj)}, which cannot be pickled ({reason}).",
-        fix=per_worker_fix(path, handle),
+        why=f"{path} is a {type_name(obj)}, which cannot be pickled ({reason}).",
+        fix=fix_for(path, type_name(obj), handle) + ".",
     )
 
 
 # --- big containers, threads, CUDA ----------------------------------------------------
 
 
-def container_findings(walk: Walk, start_method: str) -> list[Finding]:
+def container_findings(walk: Walk, start_method: StartMethod) -> list[Finding]:
     """Python containers so large that every worker ends up with its own copy."""
     findings = []
     for path, obj in walk.containers:
         count, size = _count_and_size(obj)
-        if start_method == "fork":
+        if start_method.copies_memory:
             why = (
                 "Forked workers share its memory only until they read it: reading an item "
                 "updates the item's reference count, which copies its memory page, so every "
@@ -251,8 +162,8 @@ def container_findings(walk: Walk, start_method: str) -> list[Finding]:
             )
         else:
             why = (
-                f"Every {start_method} worker unpickles its own copy: about {_megabytes(size)} "
-                "more per worker, and slower start-up."
+                f"Every {start_method.name} worker unpickles its own copy: about "
+                f"{_megabytes(size)} more per worker, and slower start-up."
             )
         array = type(obj).__module__ == "numpy"
         kind = "NumPy array of dtype=object" if array else type(obj).__name__
@@ -353,7 +264,7 @@ def cuda_findings(walk: Walk, *, full: bool) -> list[Finding]:
                     code="cuda-before-fork",
                     severity=Severity.ERROR,
                     where=path,
-                    what=f"A CUDA tensor (shape {_short_repr(tuple(tensor.shape))} on "
+                    what=f"A CUDA tensor (shape {short_repr(tuple(tensor.shape))} on "
                     f"{tensor.device}) would be used by forked workers",
                     why="CUDA is initialized in this process and cannot be used in a forked "
                     "child: the worker fails with 'Cannot re-initialize CUDA in forked "

@@ -1,6 +1,7 @@
 """Pre-flight checks: say what would break in the workers before any of them starts.
 
-* :func:`run_automatic` runs on a loader's first iteration with workers. It
+* :func:`run_automatic` runs on a loader's first iteration with workers, given
+  the loader's :class:`~conveyor.config.LoaderConfig` (never the loader). It
   is cheap — one bounded walk of the dataset, ``collate_fn`` and
   ``worker_init_fn``, a few system calls; nothing pickled unless a handle
   turned up, no sample fetched — and quiet on ordinary datasets. The first
@@ -14,32 +15,22 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
+from ..config import LoaderConfig, StartMethod
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
 from .findings import Finding, Report, Severity
-from .fork_hazards import (
-    container_findings,
-    cuda_findings,
-    describe_handle,
-    handle_findings,
-    per_worker_fix,
-    thread_findings,
-)
-from .pickling import _fix_for, explain_unpicklable, find_unpicklable
+from .fork_hazards import container_findings, cuda_findings, handle_findings, thread_findings
+from .pickling import explain_unpicklable, find_unpicklable
 from .walk import Walk
-
-if TYPE_CHECKING:
-    from ..loader import DataLoader
 
 __all__ = ["Finding", "Report", "Severity", "automatic_findings", "check", "run_automatic"]
 
@@ -56,7 +47,7 @@ class _Target:
     """What a check looks at, whether it was given a DataLoader or a bare dataset."""
 
     roots: tuple[tuple[str, Any], ...]  # ("dataset", ...), ("collate_fn", ...), ...
-    start_method: str
+    start_method: StartMethod
     num_workers: int
     prefetch_factor: int
     batch_size: int | None  # None: samples are not batched (or a batch_sampler decides)
@@ -72,7 +63,7 @@ class _Target:
         workers = f"{self.num_workers} worker" + ("" if self.num_workers == 1 else "s")
         kind = type(self.dataset)
         name = f"{kind.__module__}.{kind.__qualname__}"
-        return f"{name} ({workers}, start method {self.start_method!r})"
+        return f"{name} ({workers}, start method {self.start_method.name!r})"
 
 
 def check(
@@ -81,7 +72,8 @@ def check(
     num_workers: int | None = None,
     multiprocessing_context: str | BaseContext | None = None,
 ) -> Report:
-    """Check a dataset (or a ``DataLoader``) for what would break in worker processes.
+    """Check a dataset (or a ``DataLoader``, or its ``LoaderConfig``) for what would
+    break in worker processes.
 
     Returns a :class:`Report`; ``print(report)`` for people, ``report.errors`` and
     ``report.warnings`` for programs. A loader is checked with its own settings,
@@ -97,7 +89,7 @@ def check(
     target = _target(dataset_or_loader, num_workers, multiprocessing_context)
     findings: list[Finding] = []
     if target.num_workers > 0:
-        pickled = target.start_method != "fork"
+        pickled = target.start_method.pickles_objects
         walk = Walk(target.roots, pickled=pickled, max_objects=_FULL_WALK_OBJECTS)
         findings += _object_findings(walk, target, full=True)
         findings += environment.cpu_findings(target.num_workers)
@@ -110,22 +102,22 @@ def check(
     return Report(_worst_first(findings), subject=target.subject())
 
 
-def automatic_findings(loader: DataLoader) -> list[Finding]:
+def automatic_findings(config: LoaderConfig) -> list[Finding]:
     """The cheap checks :func:`run_automatic` acts on, worst first."""
-    return _automatic(_target(loader, None, None))
+    return _automatic(_from_config(config, None, None))
 
 
 def _automatic(target: _Target) -> list[Finding]:
-    walk = Walk(target.roots, pickled=target.start_method != "fork")
+    walk = Walk(target.roots, pickled=target.start_method.pickles_objects)
     findings = _object_findings(walk, target, full=False)
     findings += environment.cpu_findings(target.num_workers, automatic=True)
     findings += environment.fd_findings(target.num_workers)
     return list(_worst_first(findings))
 
 
-def run_automatic(loader: DataLoader) -> None:
+def run_automatic(config: LoaderConfig) -> None:
     """Raise the first ERROR the cheap checks find, else warn once per WARNING."""
-    target = _target(loader, None, None)
+    target = _from_config(config, None, None)
     findings = _automatic(target)
     for finding in findings:
         if finding.severity is Severity.ERROR:
@@ -146,29 +138,13 @@ def run_automatic(loader: DataLoader) -> None:
 def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None) -> _Target:
     from ..collate import default_collate
     from ..dataset import is_iterable_dataset
-    from ..loader import DataLoader
 
-    if isinstance(obj, DataLoader):
-        roots: tuple[tuple[str, Any], ...] = (
-            ("dataset", obj.dataset),
-            ("collate_fn", obj.collate_fn),
-            ("worker_init_fn", obj.worker_init_fn),
-        )
-        workers = obj.num_workers if num_workers is None else num_workers
-        method = start_method(context or obj.multiprocessing_context)
-        return _Target(
-            roots=roots,
-            start_method=method,
-            num_workers=workers or (environment.cpus().usable if num_workers is None else 0),
-            prefetch_factor=obj.prefetch_factor or 2,
-            batch_size=obj.batch_size,
-            auto_collation=obj._auto_collation,
-            collate_fn=obj.collate_fn,
-            iterable=obj._is_iterable,
-        )
+    config = obj if isinstance(obj, LoaderConfig) else _config_of(obj)
+    if config is not None:  # a DataLoader (never imported here) or its config
+        return _from_config(config, num_workers, context)
     return _Target(
         roots=(("dataset", obj),),
-        start_method=start_method(context),
+        start_method=StartMethod.of(context),
         num_workers=environment.cpus().usable if num_workers is None else num_workers,
         prefetch_factor=2,
         batch_size=1,
@@ -178,55 +154,65 @@ def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None
     )
 
 
-def start_method(context: str | BaseContext | None) -> str:
-    """The start method, without fixing multiprocessing's default as a side effect."""
-    if isinstance(context, BaseContext):
-        return context.get_start_method()
-    if context is None:
-        # The first of get_all_start_methods() is the platform's default (documented).
-        return (
-            multiprocessing.get_start_method(allow_none=True)
-            or (multiprocessing.get_all_start_methods()[0])
-        )
-    if context not in multiprocessing.get_all_start_methods():
-        raise ConfigError(
-            f"multiprocessing_context should be one of {multiprocessing.get_all_start_methods()}"
-            f", got {context!r}"
-        )
-    return context
+def _config_of(obj: Any) -> LoaderConfig | None:
+    """A DataLoader's config (a dataset's ``__getattr__`` may raise anything)."""
+    try:
+        config = getattr(obj, "_config", None)
+    except Exception:
+        return None
+    return config if isinstance(config, LoaderConfig) else None
+
+
+def _from_config(
+    config: LoaderConfig, num_workers: int | None, context: str | BaseContext | None
+) -> _Target:
+    """What to check for a loader: its settings, where ``check()``'s arguments do not
+    override them (``num_workers=None`` keeps the loader's, or all usable CPUs for 0)."""
+    workers = config.num_workers if num_workers is None else num_workers
+    return _Target(
+        roots=(
+            ("dataset", config.dataset),
+            ("collate_fn", config.collate_fn),
+            ("worker_init_fn", config.worker_init_fn),
+        ),
+        start_method=config.start_method if context is None else StartMethod.of(context),
+        num_workers=workers or (environment.cpus().usable if num_workers is None else 0),
+        prefetch_factor=config.prefetch_factor or 2,
+        batch_size=config.batch_size,
+        auto_collation=config.auto_collation,
+        collate_fn=config.collate_fn,
+        iterable=config.iterable,
+    )
 
 
 def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding]:
     method = target.start_method
     findings = handle_findings(walk, method)
-    if full and method != "fork":  # the definitive answer: pickle each root
+    if full and method.pickles_objects:  # the definitive answer: pickle each root
         findings = [f for f in findings if f.code != "unpicklable"]
-        findings += _unpicklable_findings(walk, target)
+        findings += _unpicklable_findings(target)
     findings += container_findings(walk, method)
-    if method == "fork":
+    if method.copies_memory:
         findings += cuda_findings(walk, full=full)
         findings += thread_findings()
     return findings
 
 
-def _unpicklable_findings(walk: Walk, target: _Target) -> list[Finding]:
-    handles = dict(walk.handles)
+def _unpicklable_findings(target: _Target) -> list[Finding]:
     findings = []
     for role, obj in target.roots:
         if obj is None:
             continue
         for found in find_unpicklable(obj, role):
-            handle = describe_handle(handles[found.path]) if found.path in handles else None
-            fix = per_worker_fix(found.path, handle) if handle else _fix_for(found.type_name)
             findings.append(
                 Finding(
                     code="unpicklable",
                     severity=Severity.ERROR,
                     where=found.path,
-                    what=f"The {role} cannot be sent to the {target.start_method} workers",
+                    what=f"The {role} cannot be sent to the {target.start_method.name} workers",
                     why=f"{found.path} is a {found.type_name}, which cannot be pickled "
                     f"({found.reason}).",
-                    fix=fix if fix.endswith(".") else fix + ".",
+                    fix=found.fix() + ".",
                 )
             )
     return findings

@@ -13,15 +13,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from conveyor import DataLoader
+from conveyor.config import StartMethod
 from conveyor.dataset import is_iterable_dataset
-from conveyor.diagnostics import preflight
 from conveyor.diagnostics.environment import affinity
 from conveyor.diagnostics.findings import Finding, Report
 from conveyor.diagnostics.preflight import check
 from conveyor.doctor.profile import LoaderRun, Profile
 from conveyor.doctor.target import Target
 from conveyor.errors import PreflightWarning
-from conveyor.loader import DataLoader
 
 __all__ = ["batch_nbytes", "examine", "run_loader", "time_fetches", "usable_cpus"]
 
@@ -41,7 +41,7 @@ def examine(
 ) -> tuple[Report, Profile]:
     """Run the pre-flight and every measurement for ``target``."""
     counts = tuple(workers) if workers else tuple(sorted({0, 2, target.num_workers}))
-    method = start_method or target.start_method or preflight.start_method(None)
+    method = start_method or target.start_method or StartMethod.of(None).name
     size = batch_size or target.batch_size
     most = max(counts)
     with warnings.catch_warnings():

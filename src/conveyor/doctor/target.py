@@ -11,15 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.loader import DataLoader
+from conveyor.config import LoaderConfig
+from conveyor.errors import UsageError
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Target", "UsageError", "load_target"]
 
 DEFAULT_BATCH_SIZE = 32
-
-
-class UsageError(Exception):
-    """MODULE:OBJECT does not name something doctor can load (exit status 2)."""
 
 
 @dataclass(frozen=True)
@@ -87,17 +84,27 @@ def _user_error(exc: BaseException) -> str:
     return f"{head}\nTraceback (most recent call last):\n{''.join(traceback.format_list(frames))}"
 
 
-def _is_loader(obj: Any) -> bool:
+def _torch_loader(obj: Any) -> bool:
     torch_loader = getattr(sys.modules.get("torch.utils.data"), "DataLoader", None)
-    return isinstance(obj, DataLoader) or (
-        isinstance(torch_loader, type) and isinstance(obj, torch_loader)
-    )
+    return isinstance(torch_loader, type) and isinstance(obj, torch_loader)
 
 
 def _resolve(obj: Any, spec: str, *, called: bool = False) -> Target:
     """A DataLoader gives its dataset and settings (not its sampler); a dataset is itself;
     anything else callable is called once, with no arguments."""
-    if _is_loader(obj):
+    config = getattr(obj, "_config", None)
+    if isinstance(config, LoaderConfig):  # conveyor's DataLoader: its settings, validated
+        return Target(
+            dataset=config.dataset,
+            spec=spec,
+            batch_size=config.batch_size,
+            collate_fn=config.collate_fn,
+            worker_init_fn=config.worker_init_fn,
+            num_workers=config.num_workers,
+            start_method=config.start_method.name,
+            prefetch_factor=config.prefetch_factor or 2,
+        )
+    if _torch_loader(obj):
         context = obj.multiprocessing_context
         return Target(
             dataset=obj.dataset,
