@@ -197,7 +197,13 @@ EXPENSIVE_METHODS = ("forkserver", "spawn")
 def _deadly_cells() -> list[Any]:
     cells = [("fork", how, stage) for how in DEADLY for stage in STAGES]
     cells += [(m, "SIGKILL", stage) for m in EXPENSIVE_METHODS for stage in STAGES]
-    return [pytest.param(*cell, id="-".join(cell)) for cell in cells]
+    return [pytest.param(*cell, id="-".join(cell), marks=_slow_hang(*cell)) for cell in cells]
+
+
+def _slow_hang(start_method: str, how: str, stage: str) -> Any:
+    """A real hang waits out a timeout: the default run keeps the fetch stage, the
+    other stages (the same code path on the main side) run with ``-m slow``."""
+    return pytest.mark.slow if how == "hang" and stage != "fetch" else ()
 
 
 def _raise_cells() -> list[Any]:
@@ -329,7 +335,9 @@ def test_raise_while_sending_is_reported_at_once(start_method: str) -> None:
 # --- hang without restart: WorkerTimeoutError ----------------------------------------------
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize(
+    "stage", [pytest.param(s, marks=() if s == "fetch" else pytest.mark.slow) for s in STAGES]
+)
 def test_hang_without_restart_times_out(stage: str) -> None:
     loader = _loader("hang", stage, "fork", **_hang_options("hang", on_timeout="raise"))
     received = []

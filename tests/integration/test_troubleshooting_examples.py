@@ -46,6 +46,9 @@ from typing import Any
 
 import pytest
 
+# Runs every example of the page in a subprocess (about 20 s): with ``-m slow``, as CI does.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
 CONVEYOR_IMPORT = "from conveyor import DataLoader"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import selectors
 import signal
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from .._transport.codec import Decoder, Payload, SlotPayload
 from ..config import StartMethod
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
+from .outbox import Outbox
 from .protocol import Stop, Task, WorkerMessage
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, read_status
@@ -44,10 +46,12 @@ class _Worker:
     arena: MainArena
     stacks: int  # read end of the pipe the worker's faulthandler writes stacks to
     decoder: Decoder = field(init=False)
+    outbox: Outbox = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
+        self.outbox = Outbox(self.tasks.fileno())
 
     @property
     def pid(self) -> int | None:
@@ -134,8 +138,10 @@ class WorkerPool:
         worker = self._workers[worker_id]
         if not task.released and worker.pending_releases:
             task = dataclasses.replace(task, released=worker.take_releases())
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            worker.tasks.send(task)
+        try:
+            worker.outbox.send(task)  # never blocks: see outbox.py
+        except (BrokenPipeError, ConnectionResetError):
+            worker.outbox.clear()
 
     def wait(self, timeout: float | None, expect: int | None = None) -> list[PoolEvent]:
         """Block until a worker sends something or dies, or ``timeout`` passes ([]).
@@ -152,7 +158,7 @@ class WorkerPool:
                     return [event]
         by_conn = {w.results: w for w in self._workers}
         by_sentinel = {w.process.sentinel: w for w in self._workers}
-        ready = wait([*by_conn, *by_sentinel], timeout=timeout)
+        ready = self._wait_and_write([*by_conn, *by_sentinel], timeout)
         events: list[PoolEvent] = []
         for obj in ready:
             if obj in by_conn:
@@ -163,6 +169,32 @@ class WorkerPool:
             if obj in by_sentinel:
                 events += self._died(by_sentinel[obj])
         return events
+
+    def _wait_and_write(self, readers: list[Any], timeout: float | None) -> list[Any]:
+        """``connection.wait(readers, timeout)``, writing queued tasks meanwhile as
+        their pipes drain: the main process never blocks on a write."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            writers = {w.outbox.fd: w for w in self._workers if w.outbox.pending}
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not writers:
+                return wait(readers, timeout=remaining)
+            with selectors.DefaultSelector() as selector:
+                for obj in readers:
+                    selector.register(obj, selectors.EVENT_READ)
+                for fd in writers:
+                    selector.register(fd, selectors.EVENT_WRITE)
+                found = selector.select(remaining)
+            ready = [key.fileobj for key, events in found if events & selectors.EVENT_READ]
+            for key, events in found:
+                if events & selectors.EVENT_WRITE:
+                    outbox = writers[key.fd].outbox
+                    try:
+                        outbox.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        outbox.clear()  # it died: its sentinel says so
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                return ready
 
     def _receive(self, worker: _Worker) -> Received | None:
         try:
@@ -264,7 +296,7 @@ class WorkerPool:
             return
         for worker in self._workers:
             with contextlib.suppress(OSError, ValueError):  # already gone
-                worker.tasks.send(Stop())
+                worker.outbox.send(Stop())  # after any queued task; escalation follows
         _escalate([w.process for w in self._workers])
         for worker in self._workers:
             _kill_descendants(worker)
