@@ -258,6 +258,55 @@ def busy(worker: int, seq: int, age: float) -> Busy:
     return Busy(worker, 4000 + worker, WorkerStatus(0, seq, Stage.FETCH, -1, age))
 
 
+def idle(worker: int, for_s: float) -> Busy:
+    return Busy(worker, 4000 + worker, WorkerStatus(0, -1, None, -1, for_s))
+
+
+def test_a_worker_frozen_before_starting_its_task_is_reported_as_a_stall() -> None:
+    b, _ = book(stall_warning=2.0)
+    dispatch(b, batches(2))  # worker 1 holds batch 1 and sits idle: frozen (SIGSTOP)
+    assert b.overdue(1.0, [busy(0, 0, 1.0), idle(1, 1.0)]) == []
+    [stall] = b.overdue(2.5, [busy(0, 0, 1.0), idle(1, 2.5)])
+    assert isinstance(stall, Stalled) and (stall.worker_id, stall.seq) == (1, 1)
+    assert "has batch 1 (dataset indices [2, 3]) waiting for it, but it has not started" in (
+        stall.report
+    )
+    assert b.overdue(9.0, [busy(0, 0, 1.0), idle(1, 9.0)]) == []  # once
+
+
+def test_an_idle_worker_without_a_task_is_not_stalled() -> None:
+    b, _ = book(stall_warning=2.0)
+    dispatch(b, batches(1))  # only worker 0 has a task
+    assert b.overdue(50.0, [busy(0, 0, 1.0), idle(1, 50.0)]) == []
+
+
+def test_timeout_means_no_batch_for_that_long_even_if_nothing_runs() -> None:
+    b, _ = book(timeout=5)
+    dispatch(b, batches(2))
+    b.on_reply(0, BatchDone(0, 0, DONE), now=1.0)
+    assert isinstance(b.next_step(), Handout)
+    # Batch 1's worker is frozen while idle: its status page shows no task running.
+    assert b.next_deadline(4.0, [idle(0, 3.0), idle(1, 3.0)]) == pytest.approx(2.0)  # 1 + 5 - 4
+    assert b.overdue(5.9, [idle(0, 4.9), idle(1, 4.9)]) == []
+    [timed_out] = b.overdue(6.0, [idle(0, 5.0), idle(1, 5.5)])
+    assert isinstance(timed_out, TimedOut) and timed_out.worker_id == 1
+    assert isinstance(timed_out.error, WorkerTimeoutError)
+    text = str(timed_out.error)
+    assert "DataLoader timed out after 5 seconds: worker 1 (pid 4001) has batch 1" in text
+    assert "has not started it: it has been idle for 5.5 s" in text
+    assert step_kinds(b, 1) == ["GiveUp"]
+
+
+def test_timeout_counts_from_when_the_user_asks_not_from_the_last_batch() -> None:
+    b, _ = book(timeout=5)
+    dispatch(b, batches(2))
+    b.on_reply(0, BatchDone(0, 0, DONE), now=1.0)
+    b.next_step()
+    b.user_waits(30.0)  # a 29 s training step: not the workers' fault
+    assert b.overdue(34.0, [busy(1, 1, 3.0), idle(0, 33.0)]) == []
+    assert isinstance(b.overdue(35.0, [busy(1, 1, 4.0), idle(0, 34.0)])[0], TimedOut)
+
+
 def test_typical_batch_time_is_the_workers_own_not_the_consumers_pace() -> None:
     b, _ = book(stall_warning=0.5)
     dispatch(b, batches(4))
@@ -271,18 +320,18 @@ def test_a_stall_is_reported_once_with_the_typical_time() -> None:
     b, _ = book(stall_warning=2.0)
     dispatch(b, batches(2))
     reply(b, 1, busy_s=0.02)
-    assert b.overdue([busy(0, 0, 1.0)]) == []
-    first = b.overdue([busy(0, 0, 2.5)])
+    assert b.overdue(0.0, [busy(0, 0, 1.0)]) == []
+    first = b.overdue(0.0, [busy(0, 0, 2.5)])
     assert [type(x) for x in first] == [Stalled]
     assert "a worker usually takes 20 ms per batch" in first[0].report  # type: ignore[union-attr]
-    assert b.overdue([busy(0, 0, 9.0)]) == []  # once per task
+    assert b.overdue(0.0, [busy(0, 0, 9.0)]) == []  # once per task
 
 
 def test_timeout_raise_gives_up_at_the_stuck_tasks_place() -> None:
     b, _ = book(timeout=5)
     dispatch(b, batches(4))
     reply(b, 0, busy_s=0.03)
-    [timed_out] = b.overdue([busy(1, 1, 6.0)])
+    [timed_out] = b.overdue(0.0, [busy(1, 1, 6.0)])
     assert isinstance(timed_out, TimedOut) and isinstance(timed_out.error, WorkerTimeoutError)
     assert "usually takes 30 ms" in str(timed_out.error)
     assert step_kinds(b, 2) == [0, "GiveUp"]
@@ -291,7 +340,7 @@ def test_timeout_raise_gives_up_at_the_stuck_tasks_place() -> None:
 def test_timeout_restart_kills_and_the_death_restarts_it_naming_the_reason() -> None:
     b, _ = book(timeout=5, on_timeout="restart")
     dispatch(b, batches(4))
-    [timed_out] = b.overdue([busy(1, 1, 6.0)])
+    [timed_out] = b.overdue(0.0, [busy(1, 1, 6.0)])
     assert isinstance(timed_out, TimedOut) and timed_out.error is None
     b.add_to_kill_reason(1, "  File 'x.py', line 3")
     decision = b.on_death(died(1, 1), 7.0)
@@ -303,9 +352,9 @@ def test_timeout_restart_kills_and_the_death_restarts_it_naming_the_reason() -> 
 
 def test_deadline_is_the_nearest_limit_of_any_running_task() -> None:
     b, _ = book(timeout=10, stall_warning=4.0)
-    assert b.next_deadline([]) == 4.0
-    assert b.next_deadline([busy(0, 0, 3.0), busy(1, 1, 1.0)]) == pytest.approx(1.0)
-    assert b.next_deadline([busy(0, 0, 12.0)]) == 0.0
+    assert b.next_deadline(0.0, []) == 4.0  # nothing sent: no batch is waited for
+    assert b.next_deadline(0.0, [busy(0, 0, 3.0), busy(1, 1, 1.0)]) == pytest.approx(1.0)
+    assert b.next_deadline(0.0, [busy(0, 0, 12.0)]) == 0.0
 
 
 # --- failures in user code ----------------------------------------------------------

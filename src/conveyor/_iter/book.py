@@ -205,6 +205,7 @@ class TaskBook:
         self.restarts = 0
         self.retried = 0
         self.batch_time = 0.0  # moving average of the workers' own time per task
+        self.last_progress = now  # when a task was last answered (or the epoch began)
         self.epoch = -1
         self._start_epoch_state()
 
@@ -224,8 +225,9 @@ class TaskBook:
 
     # --- epochs ---------------------------------------------------------------------
 
-    def start_epoch(self, epoch: int, epoch_samples: int | None) -> None:
+    def start_epoch(self, epoch: int, epoch_samples: int | None, now: float = 0.0) -> None:
         self.epoch = epoch
+        self.last_progress = now
         self._start_epoch_state()
         self.skips.start_epoch(epoch, epoch_samples)
 
@@ -288,7 +290,9 @@ class TaskBook:
         # A replacement that starts fine ends a run of start-up deaths.
         self.workers[worker_id].init_crashes = 0
 
-    def on_reply(self, worker_id: int, reply: TaskReply, origin: Any = None) -> bool:
+    def on_reply(
+        self, worker_id: int, reply: TaskReply, origin: Any = None, now: float | None = None
+    ) -> bool:
         """File a task's reply; False if it is stale (an abandoned epoch, a task
         already answered): the caller frees its payload."""
         entry = self.tasks.get(reply.seq)
@@ -297,6 +301,8 @@ class TaskBook:
         entry.reply = reply
         entry.origin = origin
         self._arrived[reply.seq] = None
+        if now is not None:
+            self.last_progress = now
         if isinstance(reply, BatchDone):
             if reply.busy_s > 0:
                 ewma = 0.9 * self.batch_time + 0.1 * reply.busy_s
@@ -405,6 +411,11 @@ class TaskBook:
         if self._fatal is None or where < self._fatal[0]:
             self._fatal = (where, error)
 
+    def user_waits(self, now: float) -> None:
+        """The user asked for a batch: ``timeout`` counts from here at the earliest, as
+        torch's does (time spent in the training step is not the workers' fault)."""
+        self.last_progress = max(self.last_progress, now)
+
     def on_startup_failed(self, worker_id: int, error: BaseException) -> None:
         held = self._held(worker_id)
         self._give_up(error, held[0] if held else None)
@@ -464,6 +475,7 @@ class TaskBook:
         self.restarts += 1
         record.restarts += 1
         record.killed_because = None
+        self.last_progress = now  # the replacement gets a whole timeout
         resend = []
         for seq in held:
             entry = self.tasks[seq]
@@ -541,25 +553,62 @@ class TaskBook:
             return None
         return max(self.policy.stall_warning, STALL_FACTOR * self.batch_time)
 
-    def next_deadline(self, running: list[Busy]) -> float | None:
-        """Seconds until a running task may reach ``timeout`` or the stall threshold
-        (None: no limit applies). A task that starts later cannot reach a limit
-        sooner than the smallest limit, which bounds every answer."""
-        limits = [x for x in (self.timeout or None, self.stall_threshold()) if x]
+    def _limits(self) -> list[float]:
+        return [x for x in (self.timeout or None, self.stall_threshold()) if x]
+
+    def _waited_for(self) -> Entry | None:
+        """The unanswered task the loop is waiting for: in order the next one, else
+        the oldest."""
+        if self.in_order:
+            entry = self.tasks.get(self.next_out)
+            return entry if entry is not None and entry.reply is None else None
+        return next((e for e in self.tasks.values() if e.reply is None), None)
+
+    def _not_started(self, workers: list[Busy]) -> list[tuple[Busy, Entry]]:
+        """Idle workers that hold an unanswered task: they have not started it."""
+        found = []
+        for worker in workers:
+            if worker.status.stage is not None:
+                continue
+            held = self._held(worker.worker_id)
+            if held:
+                found.append((worker, self.tasks[held[0]]))
+        return found
+
+    def next_deadline(self, now: float, workers: list[Busy]) -> float | None:
+        """Seconds until a limit may be reached: a task running past ``timeout`` or the
+        stall threshold, a worker idle that long with a task waiting for it, or no
+        batch for ``timeout`` seconds. None: no limit applies. A task that starts
+        later cannot reach a limit sooner than the smallest limit, which bounds
+        every answer."""
+        limits = self._limits()
         if not limits:
             return None
         wakes = [min(limits)]
-        for busy in running:
-            wakes += [limit - busy.status.age_s for limit in limits]
+        for worker in workers:
+            if worker.status.stage is not None:
+                wakes += [limit - worker.status.age_s for limit in limits]
+        threshold = self.stall_threshold()
+        if threshold is not None:
+            wakes += [threshold - w.status.age_s for w, _ in self._not_started(workers)]
+        if self.timeout and self._waited_for() is not None:
+            wakes.append(self.last_progress + self.timeout - now)
         return max(0.0, min(wakes))
 
-    def overdue(self, running: list[Busy]) -> list[Overdue]:
-        """The task past ``timeout`` that has run longest, else the tasks past the
-        stall threshold not reported yet."""
+    def overdue(self, now: float, workers: list[Busy]) -> list[Overdue]:
+        """The timed-out worker, if any (the one running longest past ``timeout``,
+        else the one holding the batch waited for when no batch came for
+        ``timeout`` seconds); otherwise the tasks past the stall threshold, running
+        or not started, not reported yet."""
+        running = [w for w in workers if w.status.stage is not None]
         if self.timeout:
             stuck = [b for b in running if b.status.age_s >= self.timeout]
             if stuck:
                 return [self._timed_out(max(stuck, key=lambda b: b.status.age_s))]
+            waited = self._waited_for()
+            if waited is not None and now - self.last_progress >= self.timeout:
+                holder = next(w for w in workers if w.worker_id == waited.worker_id)
+                return [self._timed_out(holder, waited, now - self.last_progress)]
         threshold = self.stall_threshold()
         if threshold is None:
             return []
@@ -569,33 +618,44 @@ class TaskBook:
             entry = self.tasks.get(status.seq) if status.epoch == self.epoch else None
             if status.age_s < threshold or entry is None or entry.worker_id != busy.worker_id:
                 continue
-            if entry.stall_reported or status.stage is None:
+            if entry.stall_reported:
                 continue
             entry.stall_reported = True
             report = messages.stall_report(busy, entry.indices, self.batch_time)
             found.append(Stalled(busy.worker_id, status.seq, report))
+        for idle, entry in self._not_started(workers):
+            if idle.status.age_s < threshold or entry.stall_reported:
+                continue
+            entry.stall_reported = True
+            report = messages.not_started_report(idle, entry.seq, entry.indices, self.batch_time)
+            found.append(Stalled(idle.worker_id, entry.seq, report))
         return found
 
-    def _timed_out(self, busy: Busy) -> TimedOut:
+    def _timed_out(self, busy: Busy, waited: Entry | None = None, quiet_s: float = 0.0) -> TimedOut:
         worker_id, status = busy.worker_id, busy.status
-        assert status.stage is not None
-        entry = self.tasks.get(status.seq) if status.epoch == self.epoch else None
+        if waited is not None and status.stage is None:
+            entry: Entry | None = waited
+            doing = messages.not_started(waited.seq, waited.indices, busy.status.age_s)
+            stage = "not started"
+        else:
+            entry = self.tasks.get(status.seq) if status.epoch == self.epoch else None
+            doing = messages.doing(status, entry is not None, entry.indices if entry else ())
+            doing += f" for {status.age_s:.1f} s"
+            stage = status.stage.value if status.stage is not None else "idle"
         indices = entry.indices if entry is not None else ()
-        doing = messages.doing(status, entry is not None, indices)
         if self.policy.on_timeout == "restart":
-            self.workers[worker_id].killed_because = (
-                f"stuck for {status.age_s:.1f} s in {status.stage.value}, past "
-                f"timeout={self.timeout}, so conveyor killed it"
-            )
+            self.workers[
+                worker_id
+            ].killed_because = f"stuck ({stage}) past timeout={self.timeout}, so conveyor killed it"
             return TimedOut(worker_id, None, doing)
         error = WorkerTimeoutError(
-            messages.timeout_text(self.timeout, busy, doing, self.batch_time),
+            messages.timeout_text(self.timeout, busy, doing, stage, self.batch_time),
             worker_id=worker_id,
             pid=busy.pid,
             indices=indices,
         )
         held = self._held(worker_id)
-        self._give_up(error, status.seq if entry is not None else min(held, default=None))
+        self._give_up(error, entry.seq if entry is not None else min(held, default=None))
         return TimedOut(worker_id, error, doing)
 
     def add_to_kill_reason(self, worker_id: int, stacks: str) -> None:

@@ -19,6 +19,8 @@ __all__ = [
     "death_summary",
     "describe_exit",
     "doing",
+    "not_started",
+    "not_started_report",
     "short",
     "stall_report",
     "timeout_text",
@@ -66,6 +68,21 @@ def doing(status: WorkerStatus, known: bool, indices: tuple[Any, ...]) -> str:
     return f"batch {status.seq} (dataset indices {short(indices)})" if known else "start-up"
 
 
+def not_started(seq: int, indices: tuple[Any, ...], idle_s: float) -> str:
+    return (
+        f"batch {seq} (dataset indices {short(indices)}) waiting for it, but it has not "
+        f"started it: it has been idle for {idle_s:.1f} s. It may be frozen (stopped by "
+        "SIGSTOP or a debugger) or blocked outside conveyor's code"
+    )
+
+
+def not_started_report(busy: Busy, seq: int, indices: tuple[Any, ...], batch_time: float) -> str:
+    return (
+        f"DataLoader worker {busy.worker_id} (pid {busy.pid}) has "
+        f"{not_started(seq, indices, busy.status.age_s)}; {typical_batch_time(batch_time)}."
+    )
+
+
 def stall_report(busy: Busy, indices: tuple[Any, ...], batch_time: float) -> str:
     status = busy.status
     assert status.stage is not None
@@ -77,13 +94,12 @@ def stall_report(busy: Busy, indices: tuple[Any, ...], batch_time: float) -> str
     )
 
 
-def timeout_text(timeout: float, busy: Busy, doing: str, batch_time: float) -> str:
-    status = busy.status
-    assert status.stage is not None
+def timeout_text(timeout: float, busy: Busy, doing: str, stage: str, batch_time: float) -> str:
+    where = "" if stage == "not started" else f", in stage {stage}"
+    verb = "has" if stage == "not started" else "has been on"
     return (
         f"DataLoader timed out after {timeout} seconds: worker {busy.worker_id} "
-        f"(pid {busy.pid}) has been on "
-        f"{doing} for {status.age_s:.1f} s, in stage {status.stage.value}; "
+        f"(pid {busy.pid}) {verb} {doing}{where}; "
         f"{typical_batch_time(batch_time)}. Fix: find what blocks it (a slow disk or "
         "network read, a lock), raise timeout, or pass on_timeout='restart' to kill the "
         "stuck worker and retry."

@@ -188,7 +188,9 @@ class MultiprocessIterator:
 
     def _start_epoch(self) -> None:
         self._sampler_iter = iter(self._config.index_sampler)
-        self._book.start_epoch(self._history.next_epoch(), self._config.epoch_samples())
+        self._book.start_epoch(
+            self._history.next_epoch(), self._config.epoch_samples(), time.monotonic()
+        )
         for _ in range(self._book.initial_tasks):
             self._dispatch()
 
@@ -206,6 +208,7 @@ class MultiprocessIterator:
     # --- handing out --------------------------------------------------------------------
 
     def _next_batch(self) -> Any:
+        self._book.user_waits(time.monotonic())
         while True:
             step = self._book.next_step()
             match step:
@@ -297,7 +300,7 @@ class MultiprocessIterator:
             case StartupFailed():
                 self._book.on_startup_failed(worker_id, self._startup_error(worker_id, message))
             case BatchDone() | TaskFailed() | IterationEnded():
-                if not self._book.on_reply(worker_id, message, origin):
+                if not self._book.on_reply(worker_id, message, origin, time.monotonic()):
                     # A batch of an epoch the user abandoned: just free its slot.
                     self._pool.discard(origin, getattr(message, "payload", None))
             case _:
@@ -318,10 +321,10 @@ class MultiprocessIterator:
 
     # --- deadlines ------------------------------------------------------------------------
 
-    def _running(self) -> list[Busy]:
+    def _workers_now(self) -> list[Busy]:
+        """Every worker as its status page says now (running a task, or idle)."""
         pids = self._pool.pids()
-        busy = [Busy(i, pids[i], self._pool.status(i)) for i in range(self._pool.num_workers)]
-        return [b for b in busy if b.status.stage is not None]
+        return [Busy(i, pids[i], self._pool.status(i)) for i in range(self._pool.num_workers)]
 
     def _next_wake(self) -> float | None:
         """Seconds until a running task may reach ``timeout`` or the stall threshold.
@@ -334,14 +337,14 @@ class MultiprocessIterator:
         now = time.monotonic()
         if now < self._recheck_at:
             return self._recheck_at - now
-        wake = self._book.next_deadline(self._running())
+        wake = self._book.next_deadline(now, self._workers_now())
         if wake is None:
             return None
         self._recheck_at = now + wake
         return wake
 
     def _check_deadlines(self) -> None:
-        for overdue in self._book.overdue(self._running()):
+        for overdue in self._book.overdue(time.monotonic(), self._workers_now()):
             match overdue:
                 case Stalled(worker_id=worker_id, report=report):
                     stacks = self._pool.dump_stacks(worker_id) or "(unavailable)"

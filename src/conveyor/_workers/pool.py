@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
+import psutil
 
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder, Payload, SlotPayload
@@ -29,7 +30,7 @@ from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
 from .protocol import Stop, Task, WorkerMessage
 from .start import modules_to_preload, start_process
-from .status import WorkerStatus, read_status
+from .status import WorkerStatus, mark_starting, read_status
 
 STOP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 1.0
@@ -265,6 +266,8 @@ class WorkerPool:
         pid = worker.pid
         if pid is None or worker.process.exitcode is not None:
             return ""
+        if _is_stopped(pid):
+            return "(none: the process is stopped, by SIGSTOP or a debugger)"
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -308,6 +311,13 @@ class WorkerPool:
         if self._setup is not None:
             os.close(self._setup)
             self._setup = None
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() in (psutil.STATUS_STOPPED, "tracing-stop"))
+    except psutil.Error:
+        return False
 
 
 def _kill_descendants(worker: _Worker) -> None:
@@ -403,6 +413,8 @@ def _start_worker(
     task_reader, task_writer = context.Pipe(duplex=False)
     result_reader, result_writer = context.Pipe(duplex=False)
     arena_fd = create_arena_fd(spec.worker_id)
+    arena = MainArena(arena_fd)
+    mark_starting(arena.status_page)
     stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(stack_writer, True)
     payload: UserObjects | InheritedFd
@@ -429,9 +441,7 @@ def _start_worker(
         os.close(stack_writer)
         if isinstance(payload, InheritedFd):
             payload.close()
-    return _Worker(
-        spec.worker_id, process, task_writer, result_reader, MainArena(arena_fd), stack_reader
-    )
+    return _Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
 
 
 def _escalate(processes: list[BaseProcess]) -> None:

@@ -22,7 +22,8 @@ class _Field(IntEnum):
     SEQ = 1
     STAGE = 2
     POSITION = 3  # index of the sample within the batch, -1 when not traced
-    STARTED_NS = 4  # CLOCK_MONOTONIC (system-wide on Linux) when the task began
+    STARTED_NS = 4  # CLOCK_MONOTONIC (system-wide on Linux) when the task began, or when
+    # the worker went idle (a worker frozen between tasks shows how long it has been idle)
 
 
 _STAGE_CODES: dict[Stage, int] = {stage: i + 1 for i, stage in enumerate(Stage)}
@@ -35,15 +36,15 @@ class WorkerStatus:
     seq: int
     stage: Stage | None  # None: between tasks
     position: int
-    age_s: float
+    age_s: float  # since the task began; between tasks, since the worker went idle
 
 
 class StatusWriter:
     """The worker's side."""
 
     def __init__(self, page: memoryview) -> None:
+        # The main process marked the page "starting" (see mark_starting).
         self._fields = page[:STATUS_BYTES].cast("q")
-        self.idle()
 
     def begin(self, epoch: int, seq: int) -> None:
         f = self._fields
@@ -60,12 +61,21 @@ class StatusWriter:
         self._fields[_Field.POSITION] = position
 
     def idle(self) -> None:
+        self._fields[_Field.STARTED_NS] = time.monotonic_ns()
         self._fields[_Field.STAGE] = 0
+
+
+def mark_starting(page: memoryview) -> None:
+    """The main process's first word on a new worker's page, before it exists: it
+    is starting up, since now (a zeroed page would read as idle since boot)."""
+    writer = StatusWriter(page)
+    writer.begin(-1, -1)
+    writer.stage(Stage.STARTUP)
 
 
 def read_status(page: memoryview) -> WorkerStatus:
     """The main process's side: a snapshot of the worker's fields."""
     f = page[:STATUS_BYTES].cast("q")
     stage = _CODE_STAGES.get(f[_Field.STAGE])
-    age = (time.monotonic_ns() - f[_Field.STARTED_NS]) / 1e9 if stage is not None else 0.0
+    age = (time.monotonic_ns() - f[_Field.STARTED_NS]) / 1e9
     return WorkerStatus(f[_Field.EPOCH], f[_Field.SEQ], stage, f[_Field.POSITION], age)
