@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import shutil
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
 
+import conveyor
 from conveyor import SharedMemoryExhaustedError
 from conveyor._transport import arena as arena_module
 from conveyor._transport.arena import WorkerArena, create_arena_fd
@@ -96,3 +99,39 @@ def test_exhausted_memory_keeps_earlier_slots_usable(monkeypatch):
     _, view = first
     view[:4] = np.arange(4, dtype=np.uint8)  # still mapped and writable
     assert list(view[:4]) == [0, 1, 2, 3]
+
+
+class Full:
+    """Sample ``i`` is 256 copies of ``i``."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.full(256, index, dtype=np.int64)
+
+
+class BankingCollate:
+    """Keeps the last 8 batches it made (a memory bank, mixing with older batches)
+    and checks on every call that none of them changed since."""
+
+    def __init__(self) -> None:
+        self.bank: collections.deque[tuple[Any, np.ndarray]] = collections.deque(maxlen=8)
+
+    def __call__(self, samples: list[np.ndarray]) -> Any:
+        batch = conveyor.default_collate(samples)
+        for kept, expected in self.bank:
+            if not np.array_equal(np.array(kept.tolist()), expected):
+                raise AssertionError("a batch the collate_fn kept was overwritten")
+        self.bank.append((batch, np.array(batch.tolist())))  # a tensor or an array
+        return batch
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_batch_the_worker_still_holds_is_never_overwritten(method: str) -> None:
+    loader = conveyor.DataLoader(
+        Full(), batch_size=4, num_workers=1, collate_fn=BankingCollate(),
+        multiprocessing_context=method,
+    )  # fmt: skip
+    seen = [int(batch[0][0]) for batch in loader]  # each batch dropped at once
+    assert seen == list(range(0, 400, 4))

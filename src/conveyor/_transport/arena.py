@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from ..errors import SharedMemoryExhaustedError
 
 PAGE = mmap.PAGESIZE
+_MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 
 
@@ -57,13 +59,40 @@ class WorkerArena:
         self._slots: dict[int, SlotInfo] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._free: set[int] = set()
+        self._holders: dict[int, set[str]] = {}  # leased slots: who still uses each
+        self._worker_done: list[int] = []  # slots the worker's arrays no longer use
         self._next_id = 0
 
     def release(self, slot_ids: tuple[int, ...]) -> None:
-        self._free.update(s for s in slot_ids if s in self._slots)
+        """The main process no longer uses these slots."""
+        for slot_id in slot_ids:
+            self._drop_hold(slot_id, _MAIN)
+
+    def _drop_hold(self, slot_id: int, holder: str) -> None:
+        holders = self._holders.get(slot_id)
+        if holders is None:
+            return
+        holders.discard(holder)
+        if not holders:
+            del self._holders[slot_id]
+            self._free.add(slot_id)
+
+    def _collect_worker_releases(self) -> None:
+        # Appended to by finalizers, which may run at any allocation: swap, then apply.
+        done = self._worker_done[:]
+        del self._worker_done[: len(done)]
+        for slot_id in done:
+            self._drop_hold(slot_id, _WORKER)
 
     def acquire(self, nbytes: int) -> tuple[SlotInfo, np.ndarray] | None:
-        """A free slot of at least ``nbytes``, or None when all are in use."""
+        """A free slot of at least ``nbytes``, or None when all are in use.
+
+        The slot is held by the main process (until it says it is done) and by
+        this worker (until the last array over the returned view is garbage: a
+        ``collate_fn`` may keep earlier batches). It is reused only when both let
+        go, so memory anyone still reads never changes.
+        """
+        self._collect_worker_releases()
         best: SlotInfo | None = None
         for slot_id in self._free:
             slot = self._slots[slot_id]
@@ -75,7 +104,14 @@ class WorkerArena:
             best = self._grow(nbytes)
         else:
             self._free.discard(best.slot_id)
-        return best, self._maps[best.slot_id]
+        self._holders[best.slot_id] = {_MAIN, _WORKER}
+        # A lease-private base: every array collate makes in the slot is a view of
+        # it (NumPy collapses view chains to it, since its own base is a memoryview),
+        # so it dies exactly when the worker's last such array does.
+        base = np.frombuffer(memoryview(self._maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type]
+        finalizer = weakref.finalize(base, self._worker_done.append, best.slot_id)
+        finalizer.atexit = False
+        return best, base
 
     def _grow(self, nbytes: int) -> SlotInfo:
         size = round_up(max(nbytes + nbytes // 4, MIN_SLOT_BYTES))
