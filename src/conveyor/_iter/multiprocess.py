@@ -244,7 +244,7 @@ class MultiprocessIterator:
 
     def _decode(self, entry: Entry, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload) and payload.slots_exhausted:
-            self._warn_slots_exhausted(entry.worker_id)
+            self._warn_slots_exhausted(entry.worker_id, payload.held_in_worker)
         try:
             batch = self._pool.decode(entry.origin, payload)
         except Exception as exc:
@@ -389,16 +389,26 @@ class MultiprocessIterator:
         error.__cause__ = exc
         return attach_worker_context(error, context)
 
-    def _warn_slots_exhausted(self, worker_id: int) -> None:
+    def _warn_slots_exhausted(self, worker_id: int, held_in_worker: int) -> None:
         if self._warned_inline:
             return
         self._warned_inline = True
+        if held_in_worker:
+            why = (
+                f"{held_in_worker} of them are held by arrays the worker itself keeps (a "
+                "collate_fn or dataset that keeps earlier batches, e.g. a memory bank), "
+                "so that memory cannot be reused. Fix: keep copies (.clone() or .copy()) "
+                "of what the worker keeps across batches."
+            )
+        else:
+            why = (
+                "they are held by batches still alive in this process (the loop keeps "
+                "references to many batches, e.g. appends them to a list). Fix: keep only "
+                "what you need (e.g. .clone() or .copy() the part you keep)."
+            )
         warnings.warn(
-            f"DataLoader worker {worker_id}: every shared-memory slot is held by "
-            "batches still alive in this process, so batches are now copied through a pipe "
-            "(slower). This happens when the loop keeps references to many batches (e.g. "
-            "appends them to a list). Fix: keep only what you need (e.g. .clone() or "
-            ".copy() the part you keep).",
+            f"DataLoader worker {worker_id}: every shared-memory slot is in use, so batches "
+            f"are now copied through a pipe (slower): {why}",
             BatchesHeldWarning,
             stacklevel=6,
         )

@@ -84,6 +84,11 @@ class WorkerArena:
         for slot_id in done:
             self._drop_hold(slot_id, _WORKER)
 
+    def held_by_worker_only(self) -> int:
+        """Slots the main process gave back but arrays in this worker still use."""
+        self._collect_worker_releases()
+        return sum(1 for holders in self._holders.values() if holders == {_WORKER})
+
     def acquire(self, nbytes: int) -> tuple[SlotInfo, np.ndarray] | None:
         """A free slot of at least ``nbytes``, or None when all are in use.
 

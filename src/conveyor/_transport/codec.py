@@ -39,6 +39,7 @@ class SlotPayload:
 class InlinePayload:
     data: bytes
     slots_exhausted: bool = False  # sent inline only because every slot was in use
+    held_in_worker: int = 0  # of those, slots that arrays kept in the worker still use
 
 
 Payload = SlotPayload | InlinePayload
@@ -171,7 +172,8 @@ class Encoder:
                 if raws:
                     if lease is None:
                         data = dumps(batch, arrays_as_tensors=self.arrays_as_tensors)
-                        return InlinePayload(data, slots_exhausted=True)
+                        held = self.arena.held_by_worker_only()
+                        return InlinePayload(data, slots_exhausted=True, held_in_worker=held)
                     layout = lease.place(raws)
             if lease is None or layout is None:
                 return InlinePayload(meta)
