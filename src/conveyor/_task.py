@@ -147,7 +147,7 @@ class TaskRunner:
         except StopIteration as exc:
             if self.iterable:
                 return Exhausted()
-            return Failed(Stage.FETCH, exc)
+            return Failed(Stage.FETCH, _stop_in_getitem(exc, indices))
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
         progress.stage(Stage.COLLATE)
@@ -170,3 +170,17 @@ class TaskRunner:
         if self.skip_errors and indices:
             return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
         return Failed(stage, error)
+
+
+def _stop_in_getitem(exc: StopIteration, indices: list[Any] | None) -> RuntimeError:
+    """A map-style ``__getitem__`` raised StopIteration: raised as it is, it would end the
+    epoch early without a word (torch's loop just stops), so it becomes an error, as
+    Python does for a generator (PEP 479)."""
+    error = RuntimeError(
+        f"The dataset raised StopIteration while fetching dataset indices {indices}. In a "
+        "map-style dataset that would silently end the epoch early, so conveyor raises it "
+        "instead. Fix: raise IndexError (or another exception) for a bad index, or make "
+        "the dataset an IterableDataset if it is a stream."
+    )
+    error.__cause__ = exc
+    return error

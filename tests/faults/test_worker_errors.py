@@ -481,3 +481,27 @@ def test_a_batch_that_does_not_decode_names_worker_indices_stage_and_frees_its_s
     # errors here), and the loop ends normally.
     assert list(it) == []
     assert failures == 20
+
+
+class StopsAtFive:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 5:
+            raise StopIteration
+        return index
+
+
+def test_stop_iteration_in_a_workers_getitem_raises_instead_of_ending_the_epoch(
+    start_method: str,
+) -> None:
+    loader = DataLoader(
+        StopsAtFive(), batch_size=2, num_workers=2, multiprocessing_context=start_method
+    )
+    it = iter(loader)
+    assert [b.tolist() for b in (next(it), next(it))] == [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match=r"raised StopIteration .* indices \[4, 5\]") as info:
+        next(it)
+    assert info.value.conveyor_context.stage == "fetch"  # type: ignore[attr-defined]
+    assert [b.tolist() for b in it] == [[6, 7]]

@@ -44,3 +44,26 @@ def test_skip_budget_without_workers_raises_the_samples_own_error() -> None:
         list(loader)
     assert "max_errors=1" in info.value.__notes__[-1]
     assert [s.index for s in loader.skipped_samples] == [1, 2]
+
+
+class StopsAt:
+    def __init__(self, stop: int) -> None:
+        self.stop = stop
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.stop:
+            raise StopIteration  # e.g. next() on an exhausted reader, leaking out
+        return index
+
+
+def test_stop_iteration_in_getitem_is_an_error_not_a_short_epoch() -> None:
+    loader = DataLoader(StopsAt(5), batch_size=2)
+    it = iter(loader)
+    assert [b.tolist() for b in (next(it), next(it))] == [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match=r"raised StopIteration .* indices \[4, 5\]") as info:
+        next(it)
+    assert isinstance(info.value.__cause__, StopIteration)
+    assert [b.tolist() for b in it] == [[6, 7], [8, 9]]  # like any error: the loop goes on

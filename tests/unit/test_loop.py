@@ -179,3 +179,17 @@ def test_numpy_batches_cross_the_fake_transport() -> None:
 
     it, _ = run(loader(Arrays(4)))
     assert [b.tolist() for b in it] == [[[0] * 3, [1] * 3], [[2] * 3, [3] * 3]]
+
+
+def test_stop_iteration_in_a_workers_getitem_is_an_error_naming_the_indices() -> None:
+    class StopsAtSeven(Numbers):
+        def __getitem__(self, i: int) -> int:
+            if i == 7:
+                raise StopIteration
+            return i
+
+    it, _ = run(loader(StopsAtSeven()))
+    assert flat([next(it), next(it), next(it)]) == list(range(6))
+    with pytest.raises(RuntimeError, match=r"raised StopIteration .* indices \[6, 7\]"):
+        next(it)
+    assert flat(list(it)) == list(range(8, 16))
