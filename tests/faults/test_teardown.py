@@ -24,7 +24,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conveyor import BatchesHeldWarning, DataLoader, WorkerCrashedError
+from conveyor import BatchesHeldWarning, DataLoader, WorkerCrashedError, WorkerRestartedWarning
 from tests.faults import CHEAP_METHODS
 from tests.helpers import leaks
 
@@ -364,3 +364,21 @@ def test_processes_a_worker_started_die_with_the_loader(
         with contextlib.suppress(psutil.NoSuchProcess):  # already gone: fine
             children.append(psutil.Process(pid))
     assert leaks.wait_gone(children, 10.0) == [], "a worker's subprocess outlived the loader"
+
+
+def _setup_memfds() -> list[str]:
+    return [name for name in leaks.memfd_fds().values() if "conveyor-setup" in name]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_serialized_dataset_is_freed_once_every_worker_loaded_it(method: str) -> None:
+    loader = DataLoader(
+        Pids(16), batch_size=4, num_workers=2, persistent_workers=True,
+        multiprocessing_context=method,
+    )  # fmt: skip
+    first = {int(pid) for batch in loader for pid in batch}
+    assert len(first) == 2 and _setup_memfds() == []  # both loaded it: freed
+    psutil.Process(first.pop()).kill()  # a replacement must get it again
+    with pytest.warns(WorkerRestartedWarning, match=r"SIGKILL"):
+        second = {int(pid) for batch in loader for pid in batch}
+    assert len(second) == 2 and _setup_memfds() == []

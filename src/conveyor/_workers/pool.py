@@ -28,7 +28,7 @@ from ..config import StartMethod
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
-from .protocol import Stop, Task, WorkerMessage
+from .protocol import Ready, StartupFailed, Stop, Task, WorkerMessage
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
 
@@ -109,8 +109,11 @@ class WorkerPool:
         self._context = start_method.context()
         self._user = user
         self._specs = list(specs)
-        # Kept until close: a replacement worker reads the same serialized copy.
+        # The serialized objects, kept until every worker has loaded them (then
+        # freed: a 1 GiB dataset would cost 1 GiB of shared memory for the run);
+        # a replacement worker gets them serialized again.
         self._setup = _serialize_once(user, start_method) if start_method.pickles_objects else None
+        self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
         try:
             for spec in specs:
@@ -120,6 +123,9 @@ class WorkerPool:
             raise
 
     def _start(self, spec: WorkerSpec) -> _Worker:
+        if self._method.pickles_objects and self._setup is None:
+            self._setup = _serialize_once(self._user, self._method)
+        self._loading.add(spec.worker_id)
         return _start_worker(
             self._context, self._method, spec, self._user, self._setup, self._preload
         )
@@ -202,12 +208,21 @@ class WorkerPool:
             message = worker.results.recv()
         except (EOFError, OSError):
             return None  # it died; its sentinel tells the rest
+        if isinstance(message, (Ready, StartupFailed)):
+            self._loaded(worker.worker_id)
         payload = getattr(message, "payload", None)
         if isinstance(payload, SlotPayload):
             # Map on receipt: the batch stays readable if the worker dies before
             # the user takes it (the fd is closed when the worker is replaced).
             worker.arena.view(payload.slot)
         return Received(worker.worker_id, message, worker)
+
+    def _loaded(self, worker_id: int) -> None:
+        """A worker is past loading the user's objects; free them once all are."""
+        self._loading.discard(worker_id)
+        if not self._loading and self._setup is not None:
+            os.close(self._setup)
+            self._setup = None
 
     def _died(self, worker: _Worker) -> list[PoolEvent]:
         """Whatever the dead worker sent before dying, then its death."""
