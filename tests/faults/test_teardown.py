@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import json
 import os
 import selectors
 import signal
@@ -382,3 +383,15 @@ def test_the_serialized_dataset_is_freed_once_every_worker_loaded_it(method: str
     with pytest.warns(WorkerRestartedWarning, match=r"SIGKILL"):
         second = {int(pid) for batch in loader for pid in batch}
     assert len(second) == 2 and _setup_memfds() == []
+
+
+def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "interrupted_teardown.py"), start_method],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    left = json.loads(done.stdout.strip().splitlines()[-1])
+    assert left == {"caught": 1, "alive": [], "memfds": 0}, done.stderr

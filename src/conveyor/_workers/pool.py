@@ -11,12 +11,14 @@ import dataclasses
 import os
 import selectors
 import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from types import FrameType
 from typing import Any
 
 import cloudpickle
@@ -304,7 +306,8 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop every worker and what they started, then free their resources; safe
-        to call twice."""
+        to call twice. A Ctrl-C meanwhile is held back until teardown is complete
+        (it takes a few seconds at most), so nothing is left behind by it."""
         if self._closed:
             return
         self._closed = True
@@ -312,6 +315,10 @@ class WorkerPool:
             # A forked child (one of ours, or another library's) inherited this
             # pool; the workers are not its children. Leave them to their owner.
             return
+        with _interrupts_deferred():
+            self._teardown()
+
+    def _teardown(self) -> None:
         for worker in self._workers:
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.outbox.send(Stop())  # after any queued task; escalation follows
@@ -449,6 +456,15 @@ def _start_worker(
     )
     try:
         start_process(method, process, preload)
+    except BaseException:  # a failed start, or Ctrl-C while starting: leave nothing open
+        if process.pid is not None:
+            process.kill()
+            process.join()
+        task_writer.close()
+        result_reader.close()
+        arena.close()
+        os.close(stack_reader)
+        raise
     finally:
         # The child has its own copies now; ours would keep EOF from coming.
         task_reader.close()
@@ -457,6 +473,31 @@ def _start_worker(
         if isinstance(payload, InheritedFd):
             payload.close()
     return _Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back until the block is done, then act on it as the program's own
+    SIGINT handler would (``KeyboardInterrupt`` by default). Python runs signal
+    handlers in the main thread only; elsewhere the block just runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[FrameType | None] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(frame)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[-1])
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def _escalate(processes: list[BaseProcess]) -> None:
