@@ -579,3 +579,26 @@ def test_batch_sampler_yielding_tuples_works_under_skip(workers: int, backing: s
     got = [row.tolist() for batch in loader for row in batch]
     assert got == [[i, i * 10] for i in range(8) if i != 3]
     assert [(s.index, s.stage) for s in loader.skipped_samples] == [(3, "fetch")]
+
+
+def test_workers_started_from_a_short_lived_thread_outlive_it(start_method: str) -> None:
+    # PR_SET_PDEATHSIG follows the thread that forked: an evaluation thread that
+    # first iterates a persistent loader must not take its workers with it.
+    import threading
+
+    loader = DataLoader(
+        list(range(8)), batch_size=4, num_workers=2, persistent_workers=True,
+        multiprocessing_context=start_method,
+    )  # fmt: skip
+    first: list[list[int]] = []
+    thread = threading.Thread(target=lambda: first.extend(b.tolist() for b in loader))
+    thread.start()
+    thread.join()
+    stats = loader.statistics()
+    assert stats is not None
+    pids = [w.pid for w in stats.workers]
+    second = [b.tolist() for b in loader]  # the next epoch, in the main thread
+    assert first == second == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    stats = loader.statistics()
+    assert stats is not None
+    assert (stats.worker_restarts, [w.pid for w in stats.workers]) == (0, pids)

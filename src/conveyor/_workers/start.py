@@ -11,8 +11,9 @@ work, and keeps a training script's top level from running once per worker.
 from __future__ import annotations
 
 import os
+import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing import spawn
 from multiprocessing.context import BaseContext
@@ -28,7 +29,60 @@ FORKSERVER_PRELOAD = ["conveyor._workers.loop"]
 
 
 def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
-    """Start ``process``; a fork server we start first imports ``preload``."""
+    """Start ``process`` from a thread that lives as long as this process.
+
+    Workers ask the kernel to kill them when their parent dies
+    (``PR_SET_PDEATHSIG``), and the kernel means the parent *thread*: workers
+    started from a short-lived thread (an evaluation thread) would die with it.
+    So they are started from the main thread, or else from one daemon thread
+    kept for this.
+    """
+    if threading.current_thread() is threading.main_thread():
+        _start(method, process, preload)
+    else:
+        _Starter.get().run(lambda: _start(method, process, preload))
+
+
+class _Starter:
+    """A daemon thread that starts processes for other threads, one at a time."""
+
+    _instance: _Starter | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], None], list[BaseException], threading.Event]
+        ]
+        self._jobs = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="conveyor-process-starter", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Starter:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, job: Callable[[], None]) -> None:
+        errors: list[BaseException] = []
+        done = threading.Event()
+        self._jobs.put((job, errors, done))
+        done.wait()
+        if errors:
+            raise errors[0]
+
+    def _serve(self) -> None:
+        while True:
+            job, errors, done = self._jobs.get()
+            try:
+                job()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+
+def _start(method: StartMethod, process: BaseProcess, preload: Sequence[str]) -> None:
     if method.copies_memory:
         process.start()
         return
