@@ -15,7 +15,10 @@ class SkippedSample:
     index: Any  # the dataset index
     epoch: int
     worker_id: int | None  # None: fetched in the main process (num_workers=0)
-    stage: str  # "fetch", "collate", "transfer", or "crash" (it killed its worker)
+    # "fetch", "collate", "transfer"; "crash": it killed its worker (left out of later
+    # epochs too); "killed": its worker was killed from outside (SIGKILL) each time it
+    # was fetched, so it is likely the cause but not proven: tried again next epoch.
+    stage: str
     exception_type: str  # e.g. "PIL.UnidentifiedImageError", or "WorkerCrashedError"
     message: str
 

@@ -265,7 +265,13 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
         for batch in loader:
             received.append(_values(batch))
 
-    assert [type(w.message) for w in record] == [WorkerRestartedWarning]
+    # SIGKILL may come from outside (the OOM killer): weak evidence, it takes a third
+    # death to accuse a task, and start-up deaths by it are bounded by the restart
+    # budget (3) alone. Deaths of its own (and conveyor's own kill of a stuck worker)
+    # are proof at the second.
+    outside = how == "SIGKILL"
+    deaths = (4 if stage == "worker_init" else 3) if outside else 2
+    assert [type(w.message) for w in record] == [WorkerRestartedWarning] * (deaths - 1)
     assert EXIT_TEXT[how] in str(record[0].message)
     exc = info.value
     message = str(exc)
@@ -273,16 +279,20 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
     assert f"DataLoader worker 0 (pid {exc.pid}) exited unexpectedly" in message
     assert EXIT_TEXT[how] in message
     assert _where(stage) in message
+    times = "3 times" if outside else "twice"
     if stage == "worker_init":
         assert received == []
-        assert "It died the same way in its replacement" in message
+        if outside:
+            assert "The restart budget is spent (max_worker_restarts=3)" in message
+        else:
+            assert "It died the same way in its replacement" in message
     else:
         assert received == ALL_INDICES[:1]
         assert BAD in exc.indices
         if stage == "fetch":
-            assert f"Dataset index {BAD} killed its worker twice" in message
+            assert f"Dataset index {BAD} killed its worker {times}" in message
         else:
-            assert "This batch killed its worker twice" in message
+            assert f"This batch killed its worker {times}" in message
 
 
 # --- raise: same type, where it happened ---------------------------------------------

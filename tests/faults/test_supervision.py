@@ -44,7 +44,8 @@ RESTARTED = "ignore::conveyor.WorkerRestartedWarning"
 class Flaky:
     """``dataset[i]`` is ``i``; indices in ``bad`` raise KeyError, those in ``kill``
     SIGKILL the worker (only once each when ``marker_dir`` is given: a marker file per
-    index is created first), those in ``slow`` sleep ``slow_s`` in ``_slow_read``."""
+    index is created first), those in ``segfault`` crash it with SIGSEGV (a death of
+    its own: strong evidence), those in ``slow`` sleep ``slow_s`` in ``_slow_read``."""
 
     def __init__(
         self,
@@ -55,10 +56,12 @@ class Flaky:
         marker_dir: str = "",
         slow: Iterable[int] = (),
         slow_s: float = 3.0,
+        segfault: Iterable[int] = (),
     ) -> None:
         self.length = length
         self.bad = frozenset(bad)
         self.kill = frozenset(kill)
+        self.segfault = frozenset(segfault)
         self.marker_dir = marker_dir
         self.slow = frozenset(slow)
         self.slow_s = slow_s
@@ -71,6 +74,8 @@ class Flaky:
             raise KeyError(f"missing {index}")
         if index in self.kill:
             _kill_self(self.marker_dir, index)
+        if index in self.segfault:
+            os.kill(os.getpid(), signal.SIGSEGV)
         if index in self.slow:
             _slow_read(self.slow_s)
         return index
@@ -221,7 +226,7 @@ def test_budget_is_per_epoch() -> None:
 
 
 def test_poison_sample_is_skipped_then_left_out_next_epoch_without_a_crash() -> None:
-    loader = _loader(Flaky(8, kill={3}), on_error="skip", persistent_workers=True)
+    loader = _loader(Flaky(8, segfault={3}), on_error="skip", persistent_workers=True)
 
     with pytest.warns(WorkerRestartedWarning) as record:
         first = list(loader)
@@ -233,7 +238,7 @@ def test_poison_sample_is_skipped_then_left_out_next_epoch_without_a_crash() -> 
     (skip,) = loader.skipped_samples
     assert (skip.index, skip.epoch, skip.worker_id, skip.stage) == (3, 0, 0, "crash")
     assert skip.exception_type == "conveyor.errors.WorkerCrashedError"
-    assert skip.message.startswith("killed its worker twice: killed by signal SIGKILL (-9)")
+    assert skip.message.startswith("killed its worker twice: killed by signal SIGSEGV (-11)")
     stats = loader.statistics()
     assert stats is not None
     assert stats.worker_restarts == 2
@@ -250,7 +255,7 @@ def test_poison_sample_is_skipped_then_left_out_next_epoch_without_a_crash() -> 
 def test_poison_sample_left_out_in_a_later_epoch_is_recorded_for_that_epoch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loader = _loader(Flaky(8, kill={3}), on_error="skip", persistent_workers=True)
+    loader = _loader(Flaky(8, segfault={3}), on_error="skip", persistent_workers=True)
     with pytest.warns(WorkerRestartedWarning):
         list(loader)
 
@@ -602,3 +607,25 @@ def test_workers_started_from_a_short_lived_thread_outlive_it(start_method: str)
     stats = loader.statistics()
     assert stats is not None
     assert (stats.worker_restarts, [w.pid for w in stats.workers]) == (0, pids)
+
+
+def test_a_sample_only_killed_from_outside_needs_more_evidence_and_is_retried_next_epoch() -> None:
+    # SIGKILL is what the OOM killer (or an operator) sends: weak evidence. It takes
+    # a third death, the last two while fetching the same sample, to accuse it; and
+    # it is tried again in the next epoch instead of being left out for good.
+    loader = _loader(
+        Flaky(8, kill={3}), on_error="skip", persistent_workers=True, max_worker_restarts=10
+    )
+    with pytest.warns(WorkerRestartedWarning) as record:
+        first = list(loader)
+    assert first == [[0, 1], [2], [4, 5], [6, 7]]
+    assert len(record) == 3  # three deaths, each replaced
+    (skip,) = loader.skipped_samples
+    assert (skip.index, skip.stage) == (3, "killed")
+    assert skip.message.startswith("killed its worker 3 times: killed by signal SIGKILL (-9)")
+    with pytest.warns(WorkerRestartedWarning):  # tried again: it dies again
+        assert list(loader) == first
+    assert [(s.index, s.epoch, s.stage) for s in loader.skipped_samples] == [
+        (3, 0, "killed"),
+        (3, 1, "killed"),
+    ]

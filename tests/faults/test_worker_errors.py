@@ -9,12 +9,16 @@ behind. Datasets live at module level so spawn and forkserver workers import the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(90)
+SCRIPTS = Path(__file__).parent / "scripts"
 
 # --- user code that fails -----------------------------------------------------
 
@@ -236,6 +241,38 @@ def test_exception_class_defined_in_a_function_arrives_by_value(start_method: st
     assert exc.conveyor_context.stage == "fetch"
     assert exc.conveyor_context.indices == (0, 1)
     assert "raise _local_error_class()" in _note(exc)
+
+
+def test_exception_class_of_the_main_script_is_caught_by_its_name(start_method: str) -> None:
+    # The script defines CorruptSample at top level, as a training script does; its
+    # workers raise it, and a class defined in a function there. torch gives the same.
+    child = subprocess.run(
+        [sys.executable, str(SCRIPTS / "main_exception.py"), start_method],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    first, corrupt, local = json.loads(child.stdout)
+
+    assert first == [0, 1]
+    assert corrupt["type"] == "__main__.CorruptSample"
+    # The very class of the script: `except CorruptSample` catches it (under fork a
+    # copy of the class came back, which no `except` names).
+    assert (corrupt["caught_by_except"], corrupt["same_class"], corrupt["isinstance"]) == (
+        True,
+        True,
+        True,
+    )
+    assert corrupt["message"] == "sample 3 is corrupt"
+    assert corrupt["notes"][0] == "noted in __getitem__"
+    assert corrupt["notes"][1].endswith("during fetch of dataset indices [2, 3].")
+    # A class importable nowhere still comes back as a copy: same name, message, notes.
+    assert local["type"].rsplit(".", 1)[-1] == "LocalError"
+    assert (local["caught_by_except"], local["message"]) == (False, "local 5")
+    assert local["notes"][0] == "noted in __getitem__"
+    assert local["notes"][1].endswith("during fetch of dataset indices [4, 5].")
+    assert len(corrupt["notes"]) == len(local["notes"]) == 2
 
 
 @pytest.mark.parametrize("start_method", CHEAP_METHODS)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
@@ -62,6 +63,19 @@ class Transformed:
 
     def __getitem__(self, index: int) -> int:
         return int(self.transform(index))
+
+
+class Noisy:
+    """Makes its random generator in ``__init__`` (so every worker starts it the same)."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return int(self.rng.integers(1 << 30))
 
 
 class ManyPaths:
@@ -147,6 +161,22 @@ def test_large_list_warns_and_loads(method: str) -> None:
         batches = list(loader)
     assert [w.message.finding.where for w in _preflight(record)] == ["dataset.paths"]
     assert batches[0] == ["/data/0000000.jpg", "/data/0000001.jpg"]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_generator_made_in_init_warns_once_on_iter(method: str) -> None:
+    loader = DataLoader(Noisy(), batch_size=None, num_workers=2, multiprocessing_context=method)
+    with pytest.warns(PreflightWarning, match="same state in every worker") as record:
+        it = iter(loader)
+    [warning] = _preflight(record)
+    assert warning.filename == __file__
+    finding = warning.message.finding
+    assert (finding.code, finding.where) == ("shared-rng", "dataset.rng")
+    assert "info.dataset.rng = np.random.default_rng(info.seed)" in str(warning.message)
+    # What it warns about: worker 0 fetches samples 0 and 2, worker 1 samples 1 and 3.
+    first = list(it)
+    assert first[0] == first[1] and first[2] == first[3]
+    assert list(loader) == first  # a second warning would fail the test (filterwarnings)
 
 
 def test_running_thread_warns_under_fork_only() -> None:

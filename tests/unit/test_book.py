@@ -155,8 +155,13 @@ def test_an_iterable_workers_end_makes_it_inactive() -> None:
 # --- dead workers -------------------------------------------------------------------
 
 
-def died(worker: int, seq: int, stage: Stage = Stage.FETCH, position: int = -1) -> Death:
-    return Death(worker, 4000 + worker, -9, WorkerStatus(0, seq, stage, position, 0.1))
+SIGKILL, SIGSEGV = -9, -11  # exit codes: killed from outside, a crash of its own
+
+
+def died(
+    worker: int, seq: int, stage: Stage = Stage.FETCH, position: int = -1, code: int = SIGSEGV
+) -> Death:
+    return Death(worker, 4000 + worker, code, WorkerStatus(0, seq, stage, position, 0.1))
 
 
 def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None:
@@ -167,7 +172,7 @@ def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None
     assert isinstance(decision, Restart)
     assert [(t.seq, t.index, t.trace) for t in decision.resend] == [(2, [4, 5], True)]
     assert "exited unexpectedly during fetch of batch 2" in decision.report
-    assert "SIGKILL" in decision.report
+    assert "SIGSEGV" in decision.report
     assert (b.restarts, b.retried) == (1, 1)
 
 
@@ -209,6 +214,56 @@ def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
     step = b.next_step()
     assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
     assert b.next_worker() is None  # nothing more is sent once giving up
+
+
+@pytest.mark.parametrize(
+    ("codes", "positions", "poison"),
+    [
+        ([SIGSEGV, SIGSEGV], [-1, 1], True),  # its own crash twice, the second names it
+        ([SIGKILL, SIGKILL], [-1, 1], False),  # the OOM killer twice: not enough
+        ([SIGKILL, SIGKILL, SIGKILL], [-1, 1, 1], True),  # three, twice at index 1
+        ([SIGKILL, SIGKILL, SIGKILL], [-1, 0, 1], False),  # killed at different samples
+        ([SIGKILL, SIGSEGV], [-1, 1], True),  # a crash of its own settles it
+    ],
+)
+def test_evidence_needed_to_call_a_sample_poison(
+    codes: list[int], positions: list[int], poison: bool
+) -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(4))
+    decisions = [
+        b.on_death(died(0, 0, position=p, code=c), float(i))
+        for i, (c, p) in enumerate(zip(codes, positions, strict=True))
+    ]
+    assert all(isinstance(d, Restart) for d in decisions[:-1])
+    assert (decisions[-1] is None) == poison
+    step = b.next_step() if poison else None
+    if poison:
+        assert isinstance(step, GiveUp) and "Dataset index 1 killed its worker" in str(step.error)
+
+
+def test_a_sample_accused_by_outside_kills_is_tried_again_next_epoch() -> None:
+    b, skipped = book(on_error="skip", max_errors=3, max_worker_restarts=10)
+    dispatch(b, batches(4))
+    for i, p in enumerate([-1, 1, 1]):
+        decision = b.on_death(died(0, 0, position=p, code=SIGKILL), float(i))
+    assert isinstance(decision, Restart) and decision.resend[0].exclude == (1,)
+    reply(b, 0)
+    b.next_step()
+    assert [(s.index, s.stage) for s in skipped] == [(1, "killed")]
+    b.start_epoch(1, 100)
+    assert b.add(0, [0, 1], now=9.0).exclude == ()  # not proven: tried again
+
+
+def test_outside_kills_during_start_up_are_bounded_by_the_restart_budget_only() -> None:
+    b, _ = book(max_worker_restarts=3)
+    dispatch(b, batches(2))
+    for i in range(3):
+        decision = b.on_death(died(0, -1, Stage.STARTUP, code=SIGKILL), float(i))
+        assert isinstance(decision, Restart)
+    assert b.on_death(died(0, -1, Stage.STARTUP, code=SIGKILL), 4.0) is None
+    step = b.next_step()
+    assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
 
 
 def test_two_start_up_deaths_in_a_row_give_up_and_a_ready_worker_resets_the_run() -> None:

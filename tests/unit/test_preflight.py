@@ -4,6 +4,8 @@ the right code and severity under each start method; ordinary datasets stay quie
 from __future__ import annotations
 
 import functools
+import os
+import random
 import socket
 import sqlite3
 import subprocess
@@ -323,6 +325,102 @@ def test_large_dict_and_object_array_are_copied_too() -> None:
         ("large-python-container", Severity.WARNING, "dataset.names"),
     ]
     assert "dtype=object" in report.warnings[1].what
+
+
+# --- random generators and raw descriptors -------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_numpy_generator_made_in_init_starts_the_same_in_every_worker(method: str) -> None:
+    dataset = Holder(rng=np.random.default_rng(0), augment=Holder(state=np.random.RandomState(0)))
+    report = check(dataset, num_workers=2, multiprocessing_context=method)
+    assert problems(report) == [
+        ("shared-rng", Severity.WARNING, "dataset.rng"),
+        ("shared-rng", Severity.WARNING, "dataset.augment.state"),
+    ]
+    generator, legacy = report.warnings
+    assert "numpy.random.Generator" in generator.what
+    assert "draw the same numbers" in generator.why
+    assert "info = conveyor.get_worker_info()" in generator.fix
+    assert "info.dataset.rng = np.random.default_rng(info.seed)" in generator.fix
+    assert "create it lazily in the worker" in generator.fix
+    assert "info.dataset.augment.state = np.random.RandomState(info.seed % 2**32)" in legacy.fix
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_global_random_state_is_not_a_finding(method: str) -> None:
+    # Each worker reseeds NumPy's global generator and Python's random, as torch's do.
+    dataset = Holder(np_random=np.random, legacy=np.random.mtrand._rand, stdlib=random)
+    assert check(dataset, num_workers=2, multiprocessing_context=method).ok
+    assert check(Holder(entropy=random.SystemRandom()), multiprocessing_context="fork").ok
+
+
+def test_generator_renewed_in_worker_init_fn_is_not_reported() -> None:
+    def reseed(worker_id: int) -> None:
+        info = conveyor.get_worker_info()
+        assert info is not None
+        info.dataset.rng = np.random.default_rng(info.seed)
+
+    def seed_global_only(worker_id: int) -> None:  # the classic recipe: not this generator
+        np.random.seed(worker_id)
+
+    dataset = Holder(rng=np.random.default_rng(0))
+    for init, found in ((reseed, []), (seed_global_only, ["shared-rng"])):
+        loader = DataLoader(dataset, num_workers=2, worker_init_fn=init)
+        assert [f.code for f in automatic_findings(loader._config)] == found
+
+
+@pytest.fixture
+def raw_fd(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"\x00" * 64)
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, path
+    os.close(fd)
+
+
+@pytest.mark.parametrize("method", PICKLED)
+def test_raw_descriptor_is_a_bare_number_in_spawned_workers(
+    method: str, raw_fd: tuple[int, Path]
+) -> None:
+    fd, path = raw_fd
+    report = check(Holder(fd=fd), num_workers=2, multiprocessing_context=method)
+    assert problems(report) == [("raw-fd", Severity.WARNING, "dataset.fd")]
+    finding = report.warnings[0]
+    assert f"fd {fd}, {str(path)!r}" in finding.what
+    assert f"dataset.fd is the int {fd}" in finding.why
+    recipe = f"conveyor.per_worker(os.open, {str(path)!r}, os.O_RDONLY, close=os.close)"
+    assert f"store {recipe} in dataset.fd instead" in finding.fix
+    # Under fork the worker inherits the descriptor itself.
+    assert check(Holder(fd=fd), num_workers=2, multiprocessing_context="fork").ok
+
+
+@pytest.mark.parametrize("method", PICKLED)
+def test_descriptors_are_told_by_name_and_by_being_open(
+    method: str, raw_fd: tuple[int, Path]
+) -> None:
+    fd, _ = raw_fd
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)
+    dataset = Holder(
+        length=5,
+        n=fd,  # an open descriptor's number, under an ordinary name
+        count=3,
+        stdin_fd=0,
+        stale_fd=closed,  # named like one, but not open
+        options={"fileno": read_end, "size": fd},
+        reader=functools.partial(os.pread, fd),
+    )
+    try:
+        report = check(dataset, num_workers=2, multiprocessing_context=method)
+    finally:
+        os.close(read_end)
+    assert problems(report) == [("raw-fd", Severity.WARNING, "dataset.options['fileno']")]
+    finding = report.warnings[0]
+    assert f"fd {read_end}, pipe:[" in finding.what
+    assert "<function that opens it>" in finding.fix
 
 
 # --- CUDA -------------------------------------------------------------------------------------

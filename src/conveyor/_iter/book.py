@@ -24,6 +24,7 @@ epoch's batch order. The rules it keeps:
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,12 @@ from .skips import SkipLedger
 
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
 _CRASH_TYPE = "conveyor.errors.WorkerCrashedError"
+# Exit statuses a process usually gets from outside (the OOM killer under pressure
+# from another process, an operator, a scheduler): weak evidence against a sample.
+# A death of its own (SIGSEGV, an abort, an exit code) is strong evidence.
+_OUTSIDE_EXITS = frozenset({-signal.SIGKILL, -signal.SIGTERM})
+STRONG_DEATHS = 2  # deaths of a task, the last at a named sample, that make it poison
+WEAK_DEATHS = 3  # the same, when the last two were kills from outside at the same sample
 
 
 # --- what the book keeps ------------------------------------------------------------
@@ -81,6 +88,8 @@ class Entry:
     sent_at: float
     exclude: tuple[Any, ...] = ()
     crashes: int = 0  # times its worker died while running it
+    suspect: Any = None  # the sample a traced retry was fetching when its worker died
+    suspect_deaths: int = 0  # traced deaths in a row at that sample
     stall_reported: bool = False
     reply: TaskReply | None = None
     origin: Any = None  # which worker process sent the reply (the pool decodes with it)
@@ -453,7 +462,10 @@ class TaskBook:
                 "so conveyor does not restart workers for it."
             )
             return None
-        if death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT):
+        outside = death.exitcode in _OUTSIDE_EXITS and record.killed_because is None
+        if death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT) and not outside:
+            # Killed from outside while starting says nothing about start-up itself:
+            # max_worker_restarts bounds those.
             record.init_crashes += 1
             if record.init_crashes >= 2:
                 give_up(
@@ -463,8 +475,9 @@ class TaskBook:
                 return None
         if culprit is not None:
             entry = self.tasks[culprit]
-            entry.crashes += 1
-            if entry.crashes >= 2 and not self._settle_poison(death, entry, exit_text, give_up):
+            if self._is_poison(entry, death, outside) and not self._settle_poison(
+                death, entry, exit_text, outside, give_up
+            ):
                 return None
         if self.restarts >= self.policy.max_worker_restarts:
             give_up(
@@ -504,34 +517,65 @@ class TaskBook:
             return status.seq
         return None
 
-    def _settle_poison(self, death: Death, entry: Entry, exit_text: str, give_up: Any) -> bool:
-        """The same task killed its worker twice: name the sample, skip it or give up.
-        Returns False when the book gave up."""
-        status = death.status
-        poison = None
+    def _traced_sample(self, entry: Entry, status: WorkerStatus) -> Any:
+        """The sample a traced retry was fetching when its worker died (None: unknown)."""
         if status.stage is Stage.FETCH and 0 <= status.position < len(entry.indices):
-            poison = entry.indices[status.position]
+            return entry.indices[status.position]
+        return None
+
+    def _is_poison(self, entry: Entry, death: Death, outside: bool) -> bool:
+        """Weigh the evidence that this task (a sample of it) kills its worker.
+
+        A death of its own twice (the first time, and on the traced retry) is
+        proof. A kill from outside is weak evidence: the OOM killer picks a victim
+        by size, an operator picks anyone. It takes a third death, and the last
+        two while fetching the same sample, to accuse it."""
+        entry.crashes += 1
+        sample = self._traced_sample(entry, death.status)
+        if sample is not None and sample == entry.suspect:
+            entry.suspect_deaths += 1
+        else:
+            entry.suspect, entry.suspect_deaths = sample, 1 if sample is not None else 0
+        if not outside:
+            return entry.crashes >= STRONG_DEATHS
+        if sample is None:
+            return entry.crashes >= WEAK_DEATHS
+        return entry.crashes >= WEAK_DEATHS and entry.suspect_deaths >= WEAK_DEATHS - 1
+
+    def _settle_poison(
+        self, death: Death, entry: Entry, exit_text: str, outside: bool, give_up: Any
+    ) -> bool:
+        """A task was proven to kill its worker: name the sample, skip it or give up.
+        Returns False when the book gave up."""
+        poison = self._traced_sample(entry, death.status)
+        times = f"{entry.crashes} times" if entry.crashes != 2 else "twice"
         if not self.policy.skipping:
             give_up(
-                f"Dataset index {poison!r} killed its worker twice (the first time, and "
-                "again on retry): that sample is the cause, not the machine. Fix the "
+                f"Dataset index {poison!r} killed its worker {times} (the first time, and "
+                "again on each retry): that sample is the cause, not the machine. Fix the "
                 "sample, or pass on_error='skip' to leave it out."
                 if poison is not None
-                else "This batch killed its worker twice (the first time, and again on "
-                "retry), outside fetching samples; pass on_error='skip' to leave it out."
+                else f"This batch killed its worker {times} (the first time, and again on "
+                "each retry), outside fetching samples; pass on_error='skip' to leave it out."
             )
             return False
-        why = f"killed its worker twice: {exit_text}"
+        why = f"killed its worker {times}: {exit_text}"
         lost = (
             (poison,)
             if poison is not None
             else tuple(i for i in entry.indices if i not in entry.exclude)
         )
-        entry.left_out += [LeftOutNote(i, death.worker_id, "crash", _CRASH_TYPE, why) for i in lost]
-        self.skips.mark_poison(lost)
+        # "crash": proven by its own crashes; "killed": accused by kills from outside.
+        stage = "killed" if outside else "crash"
+        entry.left_out += [LeftOutNote(i, death.worker_id, stage, _CRASH_TYPE, why) for i in lost]
+        if not outside:
+            # Proven by its own crashes: left out of later tasks too, without another.
+            # Accused by kills from outside, it is tried again in the next epoch.
+            self.skips.mark_poison(lost)
         if poison is not None:
             entry.exclude = (*entry.exclude, poison)
-            entry.crashes = 0
+            entry.crashes = entry.suspect_deaths = 0
+            entry.suspect = None
         else:  # nothing left to retry: settle the task as an empty batch
             entry.reply = BatchDone(self.epoch, entry.seq, None)
             self._arrived[entry.seq] = None

@@ -33,8 +33,6 @@ class SkipLedger:
         self.records.append(
             SkippedSample(index, self.epoch, worker_id, stage, exception_type, message)
         )
-        if stage == "crash":
-            self._poison.add(index)
 
     def mark_poison(self, indices: tuple[Any, ...]) -> None:
         """Samples found to kill workers: left out of every later task, at once."""

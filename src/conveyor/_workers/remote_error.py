@@ -97,7 +97,7 @@ def _instantiate(
     return exc
 
 
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _Pickler(cloudpickle.Pickler):
     """cloudpickle, but a ``__main__`` class goes by reference when its name finds it."""
 
     def reducer_override(self, obj: Any) -> Any:

@@ -13,7 +13,7 @@ import re
 
 from .handles import Handle
 
-__all__ = ["fix_for", "per_worker_fix", "sharing_is_a_hazard"]
+__all__ = ["fix_for", "per_worker_fix", "reseed_fix", "sharing_is_a_hazard"]
 
 _LAZY = "in each worker (in __getitem__ or worker_init_fn) instead of in __init__"
 _FILE_FIX = (
@@ -35,7 +35,13 @@ _BY_TYPE = {  # words in the lowercased type name -> fix; the first match wins
 _DEFAULT_FIX = (
     f"create it lazily {_LAZY}, or drop it in __getstate__ and rebuild it in __setstate__"
 )
-_NOUN = {"sqlite": "connection", "socket": "connection", "lmdb": "environment", "hdf5": "file"}
+_NOUN = {
+    "sqlite": "connection",
+    "socket": "connection",
+    "lmdb": "environment",
+    "hdf5": "file",
+    "fd": "file descriptor",
+}
 # A function's own variable: the last step of collate_fn.<default 'fh'>, ...<closure var 'fh'>.
 _VARIABLE = re.compile(r"(?P<owner>.*)\.<(?P<what>closure var|default|global) '(?P<name>\w+)'>")
 
@@ -71,6 +77,21 @@ def per_worker_fix(path: str, handle: Handle) -> str:
         return f"store {made} instead of the handle at {path}, and call .get() on it: {then}"
     where = " (in __getitem__)" if re.match(r"dataset\b", path) else ""
     return f"store {made} in {path} instead, and call {path}.get() where it is used{where}: {then}"
+
+
+def reseed_fix(path: str, seeded: str) -> str:
+    """How to give each worker its own random generator in place of the one at ``path``;
+    ``seeded`` makes one from the worker's seed, e.g. ``np.random.default_rng(info.seed)``."""
+    lazily = "or create it lazily in the worker (on first use, in __getitem__)"
+    if re.fullmatch(r"dataset(\.\w+)+", path):
+        return (
+            f"seed it in each worker: in worker_init_fn, info = conveyor.get_worker_info(); "
+            f"info.{path} = {seeded} (info.dataset is that worker's copy of the dataset), {lazily}"
+        )
+    return (
+        f"make a new one in each worker from its seed: {seeded} in worker_init_fn, with "
+        f"info = conveyor.get_worker_info(), {lazily}"
+    )
 
 
 def _by_type(type_name: str) -> str:

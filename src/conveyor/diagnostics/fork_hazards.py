@@ -8,24 +8,31 @@ Given a :class:`~conveyor.diagnostics.walk.Walk` of the user's objects:
   file open for reading, sent as a frozen copy (``file-copied``);
 * :func:`container_findings`: Python containers so big that every worker
   ends up with its own copy (``large-python-container``);
-* :func:`cuda_findings`: CUDA tensors a forked worker would touch.
+* :func:`cuda_findings`: CUDA tensors a forked worker would touch;
+* :func:`rng_findings`: random generators made here, which every worker would
+  start in the same state (``shared-rng``);
+* :func:`descriptor_findings`: raw file descriptors (ints from ``os.open``),
+  which mean nothing in a spawn or forkserver worker (``raw-fd``).
 
 :func:`thread_findings` looks at the process: threads a fork leaves behind.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import random
 import sys
 import threading
+import types
 from typing import Any
 
 import cloudpickle
 
 from ..config import StartMethod
 from .findings import ENVIRONMENT, Finding, Severity
-from .fixes import fix_for, per_worker_fix
-from .handles import Handle, describe_handle
+from .fixes import fix_for, per_worker_fix, reseed_fix
+from .handles import Handle, describe_descriptor, describe_handle
 from .paths import short_repr, type_name
 from .walk import MAX_ITEMS, Walk, within
 
@@ -33,7 +40,9 @@ __all__ = [
     "container_findings",
     "cuda_findings",
     "cuda_initialized",
+    "descriptor_findings",
     "handle_findings",
+    "rng_findings",
     "running_threads",
     "thread_findings",
 ]
@@ -76,6 +85,7 @@ _WHAT = {
     "socket": "An open socket",
     "lmdb": "An open LMDB environment",
     "hdf5": "An open HDF5 (h5py) object",
+    "fd": "A raw file descriptor",
 }
 
 
@@ -143,6 +153,105 @@ def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> 
         why=f"{path} is a {type_name(obj)}, which cannot be pickled ({reason}).",
         fix=fix_for(path, type_name(obj), handle) + ".",
     )
+
+
+def descriptor_findings(walk: Walk, start_method: StartMethod) -> list[Finding]:
+    """Raw descriptors (ints named like one, open here) that a spawn or forkserver worker
+    would receive as a bare number. A forked worker inherits the descriptor itself."""
+    if start_method.copies_memory:
+        return []
+    findings = []
+    for path, fd in walk.descriptors:
+        handle = describe_descriptor(fd)
+        if handle is None:
+            continue  # not open here: just a number
+        findings.append(
+            Finding(
+                code="raw-fd",
+                severity=Severity.WARNING,
+                where=path,
+                what=f"{_what(handle)} would reach the {start_method.name} workers as a bare "
+                "number",
+                why=f"{path} is the int {fd}, a descriptor open in this process only. A "
+                f"{start_method.name} worker does not inherit it: there {fd} is closed "
+                "(OSError: [Errno 9] Bad file descriptor) or is another file the worker "
+                "opened, and reads and writes go to the wrong file.",
+                fix=per_worker_fix(path, handle),
+            )
+        )
+    return findings
+
+
+# --- random generators -----------------------------------------------------------------
+
+
+def rng_findings(
+    walk: Walk, start_method: StartMethod, worker_init_fn: Any = None
+) -> list[Finding]:
+    """Random generators made in this process: every worker would start in the same state.
+
+    Not the global ones (each worker reseeds those, as torch's do), and not one whose
+    name ``worker_init_fn`` uses (it replaces or reseeds it there, as the fix says).
+    """
+    renewed = _names_used(worker_init_fn)
+    findings = []
+    for path, rng in walk.rngs:
+        if _is_global_rng(rng) or path.rsplit(".", 1)[-1] in renewed:
+            continue
+        if start_method.copies_memory:
+            how = "Every forked worker inherits it in the state it has here"
+        else:
+            how = f"Every {start_method.name} worker unpickles it in the state it has here"
+        findings.append(
+            Finding(
+                code="shared-rng",
+                severity=Severity.WARNING,
+                where=path,
+                what=f"A random generator ({_rng_name(rng)}) would start in the same state in "
+                "every worker",
+                why=f"{how}, so the workers draw the same numbers: the same augmentations, "
+                "crops or noise for different samples. Each worker reseeds Python's random, "
+                "NumPy's global generator and torch (as torch's workers do), but not a "
+                "generator the dataset holds.",
+                fix=reseed_fix(path, _seeded(rng)) + ".",
+            )
+        )
+    return findings
+
+
+def _is_global_rng(rng: Any) -> bool:
+    numpy_global = getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
+    return rng is numpy_global or rng is getattr(random, "_inst", None)
+
+
+def _rng_name(rng: Any) -> str:
+    kind = type(rng)
+    public = kind.__module__.startswith("numpy.random")
+    return f"numpy.random.{kind.__name__}" if public else type_name(rng)
+
+
+def _seeded(rng: Any) -> str:
+    """A generator like ``rng`` made from a worker's seed (``info.seed``)."""
+    name = _rng_name(rng)
+    if name == "numpy.random.Generator":
+        return "np.random.default_rng(info.seed)"
+    if name == "numpy.random.RandomState":
+        return "np.random.RandomState(info.seed % 2**32)"
+    return f"{name.replace('numpy.', 'np.', 1)}(info.seed)"
+
+
+def _names_used(func: Any) -> set[str]:
+    """The global and attribute names the code of ``func`` (and code nested in it) uses."""
+    if isinstance(func, functools.partial):
+        func = func.func
+    code = getattr(getattr(func, "__func__", func), "__code__", None)
+    names: set[str] = set()
+    stack = [code] if isinstance(code, types.CodeType) else []
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
 
 
 # --- big containers, threads, CUDA ----------------------------------------------------

@@ -4,19 +4,31 @@
 sockets, LMDB environments, h5py objects; the last two only if the program
 imported their module). :func:`describe_handle` reads what reopening it takes:
 the arguments of ``conveyor.per_worker``, e.g. ``open, '/data/train.bin', 'rb'``.
+
+A raw descriptor (an ``int`` from ``os.open``) has no type to tell it by: an int
+is one only where its name says so (:func:`descriptor_name`: ``.fd``,
+``.out_fd``, ``['fileno']``, ``.descriptor``) and it is open in this process
+(:func:`describe_descriptor`), so that ``self.n = 3`` is never one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from .paths import type_name
 
-__all__ = ["Handle", "describe_handle", "handle_kind"]
+__all__ = ["Handle", "describe_descriptor", "describe_handle", "descriptor_name", "handle_kind"]
 
+# One named step of a path (.name, ['name'], .<default 'name'>), and a descriptor's name.
+_NAMED_STEP = re.compile(r"\.(\w+)|(?:\.keywords)?\['(\w+)'\]|\.<[a-z ]+ '(\w+)'>")
+_DESCRIPTOR = re.compile(r"(?:fd|fileno|descriptor)$", re.IGNORECASE)
+_ACCESS = {os.O_RDONLY: "os.O_RDONLY", os.O_WRONLY: "os.O_WRONLY", os.O_RDWR: "os.O_RDWR"}
 _NATIVE_HANDLES = (  # (module, classes, kind): looked up only if the program imported the module
     ("sqlite3", ("Connection",), "sqlite"),
     ("socket", ("socket",), "socket"),
@@ -29,7 +41,7 @@ _NATIVE_HANDLES = (  # (module, classes, kind): looked up only if the program im
 class Handle:
     """An open resource: its kind, a label for people, and how to open it per worker."""
 
-    kind: str  # "file" | "sqlite" | "socket" | "lmdb" | "hdf5"
+    kind: str  # "file" | "sqlite" | "socket" | "lmdb" | "hdf5" | "fd"
     label: str  # "'/data/train.bin', mode 'rb'"
     recipe: str  # "open, '/data/train.bin', 'rb'": the arguments of conveyor.per_worker
     copied_by_cloudpickle: bool = False  # a readable text file: pickles as a copy
@@ -82,6 +94,32 @@ def describe_handle(obj: Any) -> Handle | None:
     except Exception:
         return None
     return None
+
+
+def descriptor_name(suffix: str) -> bool:
+    """Whether the last step of a path (``.fd``, ``['out_fd']``, ``.<default 'fileno'>``)
+    names a file descriptor: its name ends with fd, fileno or descriptor."""
+    step = _NAMED_STEP.fullmatch(suffix)
+    return step is not None and _DESCRIPTOR.search(step.group(step.lastindex or 0)) is not None
+
+
+def describe_descriptor(fd: int) -> Handle | None:
+    """The file descriptor ``fd`` if it is open in this process and not a standard stream."""
+    if fd < 3:
+        return None
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)  # raises for a closed descriptor
+    except (OSError, ValueError, OverflowError):
+        return None
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")  # Linux: the path, or 'pipe:[123]'
+    except OSError:
+        target = ""
+    if not (target.startswith("/") and os.path.isfile(target)):
+        return Handle("fd", f"fd {fd}" + (f", {target}" if target else ""), "")
+    access = _ACCESS.get(flags & os.O_ACCMODE, "os.O_RDONLY")
+    recipe = f"os.open, {target!r}, {access}, close=os.close"
+    return Handle("fd", f"fd {fd}, {target!r}", recipe, writes=access != "os.O_RDONLY")
 
 
 def _describe_file(obj: Any) -> Handle | None:

@@ -28,7 +28,14 @@ from ..config import LoaderConfig, StartMethod
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
 from .findings import Finding, Report, Severity
-from .fork_hazards import container_findings, cuda_findings, handle_findings, thread_findings
+from .fork_hazards import (
+    container_findings,
+    cuda_findings,
+    descriptor_findings,
+    handle_findings,
+    rng_findings,
+    thread_findings,
+)
 from .pickling import explain_unpicklable, find_unpicklable
 from .walk import Walk
 
@@ -192,6 +199,8 @@ def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding
         findings = [f for f in findings if f.code != "unpicklable"]
         findings += _unpicklable_findings(target)
     findings += container_findings(walk, method)
+    findings += rng_findings(walk, method, dict(target.roots).get("worker_init_fn"))
+    findings += descriptor_findings(walk, method)
     if method.copies_memory:
         findings += cuda_findings(walk, full=full)
         findings += thread_findings()

@@ -4,7 +4,8 @@
 ``worker_init_fn`` along :func:`~.paths.held_parts` — attributes, slots,
 container items, closures, defaults, bound methods, ``functools.partial`` —
 naming each part in the one path grammar of :mod:`.paths`, and keeps what the
-checks need: open handles, huge Python containers, tensors. It is bounded
+checks need: open handles, huge Python containers, tensors, random generators
+and ints held under a file descriptor's name (``.fd``, ``['fileno']``). It is bounded
 (depth, items sampled per container, objects in all), guards cycles, never
 raises, and reads attributes without calling ``__getattr__`` or properties.
 NumPy arrays and tensors are leaves: they are not hazards. A function's globals
@@ -22,12 +23,13 @@ from __future__ import annotations
 import collections
 import copyreg
 import functools
+import random
 import sys
 import types
 from collections.abc import Sequence
 from typing import Any
 
-from .handles import handle_kind
+from .handles import descriptor_name, handle_kind
 from .paths import held_parts
 
 __all__ = ["LARGE_CONTAINER", "MAX_DEPTH", "MAX_ITEMS", "MAX_OBJECTS", "Walk", "within"]
@@ -43,7 +45,8 @@ _ATOMS = (
 )  # fmt: skip
 # Modules whose objects are ours or meant to cross a fork (loggers, queues): not looked into.
 _OPAQUE_MODULES = ("conveyor", "logging", "multiprocessing", "threading", "_thread")
-_ATOM, _ARRAY, _TENSOR, _HANDLE, _OPAQUE, _CONTAINER, _COMPOUND = range(7)
+_ATOM, _ARRAY, _TENSOR, _HANDLE, _RNG, _OPAQUE, _CONTAINER, _COMPOUND = range(8)
+_NUMPY_RNGS = ("Generator", "RandomState", "BitGenerator")
 
 Child = tuple[str, Any]  # (path, object)
 
@@ -51,8 +54,10 @@ Child = tuple[str, Any]  # (path, object)
 class Walk:
     """What ``roots`` (``[("dataset", ds), ...]``) hold, found in one bounded walk.
 
-    ``handles``, ``containers`` (more than :data:`LARGE_CONTAINER` items) and
-    ``tensors`` list ``(path, object)`` pairs in the order met: shallowest first.
+    ``handles``, ``containers`` (more than :data:`LARGE_CONTAINER` items),
+    ``tensors``, ``rngs`` (NumPy's and ``random.Random`` generators) and
+    ``descriptors`` (ints above 2 whose name says file descriptor) list
+    ``(path, object)`` pairs in the order met: shallowest first.
     """
 
     def __init__(
@@ -64,6 +69,8 @@ class Walk:
         self.handles: list[Child] = []
         self.containers: list[Child] = []
         self.tensors: list[Child] = []
+        self.rngs: list[Child] = []
+        self.descriptors: list[Child] = []
         self._kinds: dict[type, int] = {}
         seen: dict[int, Any] = {}  # id -> object, kept alive so ids stay unique
         queue: collections.deque[tuple[str, Any, int]] = collections.deque()
@@ -82,6 +89,10 @@ class Walk:
                         if self.examined >= max_objects:
                             self.truncated = True
                             break
+                        if type(child) is int:
+                            if child > 2 and descriptor_name(suffix := group.suffix(i)):
+                                self.descriptors.append((path + suffix, child))
+                            continue
                         if type(child) in _ATOMS or id(child) in seen:
                             continue
                         seen[id(child)] = child
@@ -99,6 +110,8 @@ class Walk:
             self.handles.append((path, obj))
         elif kind == _TENSOR:
             self.tensors.append((path, obj))
+        elif kind == _RNG:
+            self.rngs.append((path, obj))
         elif kind == _ARRAY:
             if obj.dtype.kind == "O" and obj.size > LARGE_CONTAINER:
                 self.containers.append((path, obj))
@@ -118,6 +131,8 @@ def _classify(kind: type, pickled: bool) -> int:
         return _TENSOR
     if handle_kind(kind) is not None:
         return _HANDLE
+    if issubclass(kind, _rng_classes()) and not issubclass(kind, random.SystemRandom):
+        return _RNG
     if within(module, _OPAQUE_MODULES):
         return _OPAQUE
     if issubclass(kind, (dict, list, tuple, set, frozenset, collections.deque)):
@@ -129,6 +144,13 @@ def _classify(kind: type, pickled: bool) -> int:
     if pickled and _pickles_itself(kind):
         return _OPAQUE
     return _COMPOUND
+
+
+def _rng_classes() -> tuple[type, ...]:
+    """Generators that carry their state into a worker (``SystemRandom`` has none)."""
+    numpy_random = sys.modules.get("numpy.random")  # never imported here: only if the program did
+    found = [getattr(numpy_random, name, None) for name in _NUMPY_RNGS] if numpy_random else []
+    return tuple(c for c in (*found, random.Random) if isinstance(c, type))
 
 
 def within(module: str, packages: Sequence[str]) -> bool:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from conveyor import DataLoader
+from conveyor.errors import add_note  # exc.add_note, also on Python 3.10
 
 
 class CorruptSample(Exception):
@@ -36,11 +37,11 @@ class Samples:
     def __getitem__(self, index: int) -> int:
         if index == 3:
             error = CorruptSample(f"sample {index} is corrupt")
-            error.add_note("noted in __getitem__")
+            add_note(error, "noted in __getitem__")
             raise error
         if index == 5:
             local = _local_error_class()(f"local {index}")
-            local.add_note("noted in __getitem__")
+            add_note(local, "noted in __getitem__")
             raise local
         return index
 
