@@ -12,8 +12,16 @@ from tests.helpers.leaks import LeakSnapshot, assert_no_leaks
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 
-@pytest.fixture(params=START_METHODS)
+@pytest.fixture(
+    params=[
+        pytest.param(method, marks=pytest.mark.slow) if method == "spawn" else method
+        for method in START_METHODS
+    ]
+)
 def start_method(request: pytest.FixtureRequest) -> str:
+    """Every start method. Spawn workers are the slowest to start and receive their
+    objects pickled like forkserver's: the default run covers fork and forkserver,
+    ``-m slow`` (CI) adds spawn."""
     return str(request.param)
 
 

@@ -58,7 +58,14 @@ def _run(loader: DataLoader, keep: bool) -> list[int]:
     return labels
 
 
-@pytest.mark.parametrize(("batch_size", "prefetch"), [(2048, 8), (4096, 4), (1024, 16)])
+@pytest.mark.parametrize(
+    ("batch_size", "prefetch"),
+    [
+        (2048, 8),
+        pytest.param(4096, 4, marks=pytest.mark.slow),
+        pytest.param(1024, 16, marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("keep", [True, False], ids=["keeps-batches", "drops-batches"])
 def test_big_array_batches_with_deep_prefetch_flow(
     batch_size: int, prefetch: int, keep: bool
@@ -74,7 +81,9 @@ def test_big_array_batches_with_deep_prefetch_flow(
     assert _run(loader, keep) == list(range(length))
 
 
-@pytest.mark.parametrize(("batch_size", "prefetch"), [(4096, 8), (8192, 4)])
+@pytest.mark.parametrize(
+    ("batch_size", "prefetch"), [(4096, 8), pytest.param(8192, 4, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("keep", [True, False], ids=["keeps-batches", "drops-batches"])
 def test_big_text_batches_with_deep_prefetch_flow(
     batch_size: int, prefetch: int, keep: bool
