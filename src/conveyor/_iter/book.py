@@ -77,7 +77,7 @@ class LeftOutNote:
     remote: RemoteError | None = None  # the worker's exception (None: a crash)
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One task, from the moment it is sent until it is handed out."""
 

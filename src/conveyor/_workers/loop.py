@@ -8,7 +8,6 @@ happened in and sent back; the main process decides what to do.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import faulthandler
 import mmap
 import os
@@ -160,12 +159,9 @@ def _serve(
                 if message.epoch != epoch:
                     epoch = message.epoch
                     runner.new_epoch()
-                started = time.perf_counter()
                 status.begin(message.epoch, message.seq)
-                reply = _run(message, runner, encoder, status)
+                reply = _run(message, runner, encoder, status, time.perf_counter())
                 status.idle()
-                if isinstance(reply, BatchDone):
-                    reply = dataclasses.replace(reply, busy_s=time.perf_counter() - started)
                 try:
                     results.send(reply)
                 except (BrokenPipeError, OSError):
@@ -175,7 +171,7 @@ def _serve(
 
 
 def _run(
-    task: Task, runner: TaskRunner, encoder: Encoder, status: StatusWriter
+    task: Task, runner: TaskRunner, encoder: Encoder, status: StatusWriter, started: float
 ) -> BatchDone | TaskFailed | IterationEnded:
     outcome = runner.run(
         task.index,
@@ -196,10 +192,12 @@ def _run(
                 exc = _explain_unsendable(outcome.batch, exc, outcome.indices or [])
             outcome = runner.batch_failed(Stage.TRANSFER, exc, outcome.indices, outcome.left_out)
         else:
-            return BatchDone(task.epoch, task.seq, payload, _sent(outcome.left_out))
+            busy = time.perf_counter() - started
+            return BatchDone(task.epoch, task.seq, payload, _sent(outcome.left_out), busy)
     match outcome:
         case NothingLeft(left_out=left_out):
-            return BatchDone(task.epoch, task.seq, None, _sent(left_out))
+            busy = time.perf_counter() - started
+            return BatchDone(task.epoch, task.seq, None, _sent(left_out), busy)
         case Failed(stage=stage, error=error):
             return TaskFailed(task.epoch, task.seq, stage, capture(error))
         case Exhausted():

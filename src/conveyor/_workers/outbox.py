@@ -35,11 +35,21 @@ class Outbox:
 
         Raises BrokenPipeError when the worker is gone (the caller decides).
         """
-        data = bytes(ForkingPickler.dumps(message))
-        n = len(data)
+        data = memoryview(ForkingPickler.dumps(message))
+        n = data.nbytes
         header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-        self._queue.append(memoryview(header + data))
-        self.flush()
+        if self._queue:
+            self._queue += (memoryview(header), data)
+            self.flush()
+            return
+        try:
+            written = os.writev(self.fd, (header, data))  # one system call, no copy
+        except BlockingIOError:
+            written = 0
+        if written < len(header):
+            self._queue += (memoryview(header)[written:], data)
+        elif written < len(header) + n:
+            self._queue.append(data[written - len(header) :])
 
     def flush(self) -> bool:
         """Write queued bytes until the pipe is full; True when nothing is left."""
