@@ -385,7 +385,13 @@ def test_the_serialized_dataset_is_freed_once_every_worker_loaded_it(method: str
     assert len(second) == 2 and _setup_memfds() == []
 
 
+@pytest.mark.parametrize(
+    "start_method",
+    ["fork", *(pytest.param(m, marks=pytest.mark.slow) for m in ("forkserver", "spawn"))],
+)
 def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None:
+    # ~4 s each (teardown waits out its grace period for busy workers): the default
+    # run keeps fork; -m slow adds the others.
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "interrupted_teardown.py"), start_method],
         capture_output=True,
