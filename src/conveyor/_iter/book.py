@@ -28,7 +28,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._fetch import batch_indices
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
@@ -77,6 +76,9 @@ class LeftOutNote:
     remote: RemoteError | None = None  # the worker's exception (None: a crash)
 
 
+_ITERABLE, _BATCH, _SINGLE = range(3)  # how a task's ``index`` holds dataset indices
+
+
 @dataclass(slots=True)
 class Entry:
     """One task, from the moment it is sent until it is handed out."""
@@ -84,7 +86,7 @@ class Entry:
     seq: int
     worker_id: int
     index: Any
-    indices: tuple[Any, ...]  # dataset indices (empty for iterable datasets)
+    shape: int  # _ITERABLE, _BATCH or _SINGLE
     sent_at: float
     exclude: tuple[Any, ...] = ()
     crashes: int = 0  # times its worker died while running it
@@ -94,6 +96,18 @@ class Entry:
     reply: TaskReply | None = None
     origin: Any = None  # which worker process sent the reply (the pool decodes with it)
     left_out: list[LeftOutNote] = field(default_factory=list)
+    cached_indices: tuple[Any, ...] | None = None
+
+    @property
+    def indices(self) -> tuple[Any, ...]:
+        """The dataset indices of the task (empty for iterable datasets), computed
+        when first asked: the hot path never needs them."""
+        if self.cached_indices is None:
+            if self.shape == _BATCH:
+                self.cached_indices = tuple(self.index)
+            else:
+                self.cached_indices = () if self.shape == _ITERABLE else (self.index,)
+        return self.cached_indices
 
 
 @dataclass
@@ -210,6 +224,7 @@ class TaskBook:
         self.policy = policy
         self.timeout = timeout
         self.skips = SkipLedger(skipped, policy)
+        self._shape = _ITERABLE if iterable else _BATCH if auto_collation else _SINGLE
         self.workers = [WorkerRecord(since=now) for _ in range(num_workers)]
         self.restarts = 0
         self.retried = 0
@@ -231,6 +246,7 @@ class TaskBook:
         for record in self.workers:
             record.active = True
             record.in_flight = 0
+        self._active = self.num_workers  # workers still active (iterable datasets)
 
     # --- epochs ---------------------------------------------------------------------
 
@@ -250,8 +266,7 @@ class TaskBook:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._fatal is not None:
             return None
-        active = sum(r.active for r in self.workers)
-        capacity = self.prefetch * self.num_workers // max(1, active)
+        capacity = self.prefetch * self.num_workers // max(1, self._active)
         for _ in range(self.num_workers):
             worker_id = self._cursor
             self._cursor = (self._cursor + 1) % self.num_workers
@@ -268,30 +283,24 @@ class TaskBook:
         """Record a new task for ``worker_id``; returns the message to send."""
         seq = self.next_seq
         self.next_seq += 1
-        indices = self._indices(index)
-        exclude = self._known_poison(indices)
-        entry = Entry(seq, worker_id, index, indices, now, exclude=exclude)
-        # Left out again, without a crash: recorded again, for this epoch.
-        entry.left_out += [
-            LeftOutNote(
-                i,
-                worker_id,
-                "crash",
-                _CRASH_TYPE,
-                "killed its worker in an earlier epoch; left out without trying again",
-            )
-            for i in exclude
-        ]
+        entry = Entry(seq, worker_id, index, self._shape, now)
+        poison = self.skips.poison()
+        if poison and self._shape != _ITERABLE:
+            entry.exclude = exclude = tuple(i for i in entry.indices if i in poison)
+            # Left out again, without a crash: recorded again, for this epoch.
+            entry.left_out += [
+                LeftOutNote(
+                    i,
+                    worker_id,
+                    "crash",
+                    _CRASH_TYPE,
+                    "killed its worker in an earlier epoch; left out without trying again",
+                )
+                for i in exclude
+            ]
         self.tasks[seq] = entry
         self.workers[worker_id].in_flight += 1
-        return Task(self.epoch, seq, index, released, exclude=exclude)
-
-    def _indices(self, index: Any) -> tuple[Any, ...]:
-        return () if self.iterable else tuple(batch_indices(index, self.auto_collation))
-
-    def _known_poison(self, indices: tuple[Any, ...]) -> tuple[Any, ...]:
-        poison = self.skips.poison()
-        return tuple(i for i in indices if i in poison) if poison else ()
+        return Task(self.epoch, seq, index, released, exclude=entry.exclude)
 
     # --- replies --------------------------------------------------------------------
 
@@ -342,8 +351,9 @@ class TaskBook:
         self._arrived.pop(entry.seq, None)
         record = self.workers[entry.worker_id]
         record.in_flight -= 1
-        if isinstance(entry.reply, IterationEnded):
+        if isinstance(entry.reply, IterationEnded) and record.active:
             record.active = False
+            self._active -= 1
         over_budget = self._record_left_out(entry)
         if over_budget is not None:
             self._fatal = (entry.seq, over_budget)
