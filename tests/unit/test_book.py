@@ -436,3 +436,18 @@ def test_nothing_is_handed_out_after_the_epoch_ends() -> None:
     b, _ = book(workers=1, prefetch=1)
     b.sampler_ended()
     assert isinstance(b.next_step(), EpochEnd)
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (SIGKILL, "DataLoader worker (pid 4000) is killed by signal: Killed."),
+        (SIGSEGV, "DataLoader worker (pid 4000) is killed by signal: Segmentation fault."),
+        (3, "DataLoader worker (pid(s) 4000) exited unexpectedly"),
+    ],
+)
+def test_crash_reports_keep_torchs_words_for_log_alerts(code: int, words: str) -> None:
+    b, _ = book()
+    dispatch(b, batches(2))
+    decision = b.on_death(died(0, 0, code=code), 1.0)
+    assert isinstance(decision, Restart) and words in decision.report

@@ -6,6 +6,7 @@ fix, in that order. The task book decides; these only say it.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "short",
     "stall_report",
     "timeout_text",
+    "torch_words",
     "typical_batch_time",
 ]
 
@@ -60,8 +62,21 @@ def death_summary(
     held_text = f" It held dataset indices {short(holding)}." if holding else ""
     return (
         f"DataLoader worker {death.worker_id} (pid {death.pid}) exited "
-        f"unexpectedly{where}: {exit_text}.{held_text}"
+        f"unexpectedly{where}: {exit_text}.{held_text} {torch_words(death)}"
     )
+
+
+def torch_words(death: Death) -> str:
+    """What torch's DataLoader says for the same death, verbatim, so that log alerts
+    written for torch's messages still fire."""
+    code = death.exitcode
+    if code is not None and code < 0:
+        try:
+            name = signal.strsignal(-code) or f"signal {-code}"
+        except ValueError:
+            name = f"signal {-code}"
+        return f"(torch: DataLoader worker (pid {death.pid}) is killed by signal: {name}.)"
+    return f"(torch: DataLoader worker (pid(s) {death.pid}) exited unexpectedly.)"
 
 
 def doing(status: WorkerStatus, known: bool, indices: tuple[Any, ...]) -> str:

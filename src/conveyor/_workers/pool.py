@@ -489,6 +489,9 @@ def _interrupts_deferred() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         received.append(frame)
 
+    if signal.getsignal(signal.SIGINT) is None:  # installed from C: not ours to swap
+        yield
+        return
     previous = signal.signal(signal.SIGINT, hold)
     try:
         yield
