@@ -123,3 +123,18 @@ def test_closing_an_arena_keeps_slots_mapped_before_and_refuses_new_ones():
     assert int(decoder.decode(first)[0]) == 7
     with pytest.raises(RuntimeError, match="not mapped"):
         decoder.decode(second)  # never silently zeros
+
+
+def test_even_the_first_batch_is_stacked_straight_into_a_slot(pair):
+    # No size is known before the first batch: the slot is taken on collate's first
+    # request, so a big first batch is not built on the heap and copied (twice the
+    # memory at its peak).
+    encoder, decoder, _ = pair
+    samples = [np.full((64, 64), i, dtype=np.float32) for i in range(8)]
+    with encoder.collating():
+        batch = numpy_collate(samples)
+    assert encoder._lease is not None
+    assert np.shares_memory(batch, encoder._lease.view)
+    payload = encoder.encode(batch)
+    assert isinstance(payload, SlotPayload)
+    np.testing.assert_array_equal(decoder.decode(payload), np.stack(samples))

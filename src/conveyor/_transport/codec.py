@@ -146,13 +146,27 @@ class Encoder:
 
     @contextmanager
     def collating(self) -> Iterator[None]:
-        """Let collate stack arrays straight into a slot sized like the last batch."""
+        """Let collate stack arrays straight into a slot sized like the last batch.
+
+        Before the first batch no size is known: the slot is taken at collate's first
+        request, sized for that array (with the arena's slack for the small ones that
+        follow), so even the first batch is never stacked on the heap and then copied
+        (a 640 MiB batch would need twice that at its peak).
+        """
         self._lease = self._acquire(self._size_hint) if self._size_hint else None
-        token = OUTPUT_ALLOCATOR.set(self._lease.allocate if self._lease else None)
+        allocate = self._lease.allocate if self._lease else self._allocate_first
+        token = OUTPUT_ALLOCATOR.set(allocate)
         try:
             yield
         finally:
             OUTPUT_ALLOCATOR.reset(token)
+
+    def _allocate_first(self, nbytes: int) -> np.ndarray | None:
+        if self._lease is None:
+            self._lease = self._acquire(nbytes)
+            if self._lease is None:
+                return None
+        return self._lease.allocate(nbytes)
 
     def encode(self, batch: Any) -> Payload:
         lease, self._lease = self._lease, None
