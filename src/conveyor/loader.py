@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -53,6 +54,8 @@ class DataLoader:
     """
 
     _initialized = False
+    # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
+    __class_getitem__: Any = classmethod(types.GenericAlias)
 
     def __init__(
         self,

@@ -451,3 +451,13 @@ def test_crash_reports_keep_torchs_words_for_log_alerts(code: int, words: str) -
     dispatch(b, batches(2))
     decision = b.on_death(died(0, 0, code=code), 1.0)
     assert isinstance(decision, Restart) and words in decision.report
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_the_native_crash_hint_suggests_spawn_only_to_forked_workers(forked: bool) -> None:
+    b, _ = book()
+    b.forked = forked
+    dispatch(b, batches(2))
+    decision = b.on_death(died(0, 0, code=SIGSEGV), 1.0)
+    assert isinstance(decision, Restart)
+    assert ("multiprocessing_context='spawn'" in decision.report) == forked

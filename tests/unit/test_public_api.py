@@ -37,3 +37,13 @@ def test_signatures_match_torch(name):
     for extra in ours[len(theirs) :]:
         assert extra.kind is inspect.Parameter.KEYWORD_ONLY, extra
         assert extra.default is not inspect.Parameter.empty, extra
+
+
+def test_dataloader_can_be_subscripted_in_annotations_like_torchs() -> None:
+    import types
+
+    from conveyor import DataLoader
+
+    alias = DataLoader[int]
+    assert isinstance(alias, types.GenericAlias)
+    assert alias.__origin__ is DataLoader and alias.__args__ == (int,)

@@ -214,6 +214,7 @@ class TaskBook:
         policy: SupervisionPolicy,
         skipped: list[SkippedSample],
         timeout: float = 0,
+        forked: bool = True,
         now: float = 0.0,
     ) -> None:
         self.num_workers = num_workers
@@ -223,6 +224,7 @@ class TaskBook:
         self.auto_collation = auto_collation
         self.policy = policy
         self.timeout = timeout
+        self.forked = forked  # workers started by fork (what a native crash suggests)
         self.skips = SkipLedger(skipped, policy)
         self._shape = _ITERABLE if iterable else _BATCH if auto_collation else _SINGLE
         self.workers = [WorkerRecord(since=now) for _ in range(num_workers)]
@@ -456,7 +458,7 @@ class TaskBook:
         record = self.workers[death.worker_id]
         held = self._held(death.worker_id)
         culprit = self._culprit(death.status, held)
-        exit_text = record.killed_because or messages.describe_exit(death.exitcode)
+        exit_text = record.killed_because or messages.describe_exit(death.exitcode, self.forked)
         summary = messages.death_summary(death, exit_text, self._indices_of, held, culprit)
 
         def give_up(note: str) -> None:

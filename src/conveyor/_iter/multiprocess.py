@@ -120,6 +120,7 @@ class MultiprocessIterator:
             policy=config.policy,
             skipped=history.skipped,
             timeout=config.timeout,
+            forked=config.start_method.copies_memory,
             now=time.monotonic(),
         )
         specs = [

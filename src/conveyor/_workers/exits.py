@@ -16,7 +16,12 @@ _LIKELY_CAUSE = {
 }
 
 
-def describe_exit(exitcode: int | None) -> str:
+_SEGV_UNFORKED = "a crash in native code (a C extension, or a corrupt file handed to a decoder)"
+
+
+def describe_exit(exitcode: int | None, forked: bool = True) -> str:
+    """Why a worker exited, in words. ``forked``: the workers were started by fork,
+    so a library that is not fork-safe is a suspect (spawn would not help otherwise)."""
     if exitcode is None:
         return "it is still running"
     if exitcode < 0:
@@ -27,6 +32,8 @@ def describe_exit(exitcode: int | None) -> str:
             name = f"signal {signum}"
         text = f"killed by signal {name} ({exitcode})"
         cause = _LIKELY_CAUSE.get(signum)  # type: ignore[call-overload]
+        if signum == signal.SIGSEGV and not forked:
+            cause = _SEGV_UNFORKED
         return f"{text}; {cause}" if cause else text
     return (
         f"exit code {exitcode}, without an error being reported (something in the "
