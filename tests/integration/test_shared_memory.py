@@ -138,3 +138,22 @@ def test_a_batch_the_worker_still_holds_is_never_overwritten(method: str) -> Non
     with pytest.warns(conveyor.BatchesHeldWarning, match="held by arrays the worker itself"):
         seen = [int(batch[0][0]) for batch in loader]  # each batch dropped at once
     assert seen == list(range(0, 400, 4))
+
+
+def test_mapped_slots_hold_no_file_descriptor() -> None:
+    # Each worker's memfd is held once by the main process (plus its status page's
+    # map), however many slots are mapped: 96 workers whose batches the loop keeps
+    # must not run into `ulimit -n` mid-epoch.
+    from tests.helpers import leaks
+
+    loader = conveyor.DataLoader(
+        Full(), batch_size=4, num_workers=2, prefetch_factor=2, multiprocessing_context="fork"
+    )
+    kept = []
+    with pytest.warns(conveyor.BatchesHeldWarning):  # keeps more than the slots
+        for batch in loader:
+            kept.append(batch)
+            if len(kept) == 12:
+                per_worker = collections.Counter(leaks.memfd_fds().values())
+    assert len(kept) == 100
+    assert per_worker and max(per_worker.values()) <= 2, per_worker
