@@ -20,8 +20,8 @@ from typing import Any
 
 from conveyor._task import Collated, Exhausted, Failed, NothingLeft, TaskRunner
 from conveyor._transport.codec import InlinePayload
+from conveyor._workers.events import Died, PoolEvent, Received
 from conveyor._workers.loop import UserObjects, WorkerSpec, _sent
-from conveyor._workers.pool import Died, PoolEvent, Received
 from conveyor._workers.protocol import (
     BatchDone,
     IterationEnded,

@@ -8,7 +8,6 @@ import pytest
 
 from conveyor._iter.book import (
     Busy,
-    Death,
     EpochEnd,
     GiveUp,
     Handout,
@@ -18,6 +17,7 @@ from conveyor._iter.book import (
     TimedOut,
     Wait,
 )
+from conveyor._workers.events import Died
 from conveyor._workers.protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
 from conveyor._workers.remote_error import capture
 from conveyor._workers.status import WorkerStatus
@@ -160,8 +160,8 @@ SIGKILL, SIGSEGV = -9, -11  # exit codes: killed from outside, a crash of its ow
 
 def died(
     worker: int, seq: int, stage: Stage = Stage.FETCH, position: int = -1, code: int = SIGSEGV
-) -> Death:
-    return Death(worker, 4000 + worker, code, WorkerStatus(0, seq, stage, position, 0.1))
+) -> Died:
+    return Died(worker, 4000 + worker, code, WorkerStatus(0, seq, stage, position, 0.1))
 
 
 def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None:

@@ -28,6 +28,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._fetch import batch_indices
+from .._workers.events import Died
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
@@ -103,10 +105,9 @@ class Entry:
         """The dataset indices of the task (empty for iterable datasets), computed
         when first asked: the hot path never needs them."""
         if self.cached_indices is None:
-            if self.shape == _BATCH:
-                self.cached_indices = tuple(self.index)
-            else:
-                self.cached_indices = () if self.shape == _ITERABLE else (self.index,)
+            batched = self.shape == _BATCH
+            iterable = self.shape == _ITERABLE
+            self.cached_indices = () if iterable else tuple(batch_indices(self.index, batched))
         return self.cached_indices
 
 
@@ -149,16 +150,6 @@ class EpochEnd:
 
 
 NextStep = Handout | GiveUp | Wait | EpochEnd
-
-
-@dataclass(frozen=True)
-class Death:
-    """The facts about a worker that exited unexpectedly."""
-
-    worker_id: int
-    pid: int | None
-    exitcode: int | None
-    status: WorkerStatus  # its status page, read after it died
 
 
 @dataclass(frozen=True)
@@ -441,10 +432,6 @@ class TaskBook:
         held = self._held(worker_id)
         self._give_up(error, held[0] if held else None)
 
-    @property
-    def giving_up(self) -> bool:
-        return self._fatal is not None
-
     # --- dead workers -----------------------------------------------------------------
 
     def _held(self, worker_id: int) -> list[int]:
@@ -452,7 +439,7 @@ class TaskBook:
             seq for seq, e in self.tasks.items() if e.worker_id == worker_id and e.reply is None
         )
 
-    def on_death(self, death: Death, now: float) -> Restart | None:
+    def on_death(self, death: Died, now: float) -> Restart | None:
         """A worker exited unexpectedly: a Restart, or None when the book gives up
         (the fatal error is then placed in the order, see :meth:`next_step`)."""
         record = self.workers[death.worker_id]
@@ -535,7 +522,7 @@ class TaskBook:
             return entry.indices[status.position]
         return None
 
-    def _is_poison(self, entry: Entry, death: Death, outside: bool) -> bool:
+    def _is_poison(self, entry: Entry, death: Died, outside: bool) -> bool:
         """Weigh the evidence that this task (a sample of it) kills its worker.
 
         A death of its own twice (the first time, and on the traced retry) is
@@ -555,7 +542,7 @@ class TaskBook:
         return entry.crashes >= WEAK_DEATHS and entry.suspect_deaths >= WEAK_DEATHS - 1
 
     def _settle_poison(
-        self, death: Death, entry: Entry, exit_text: str, outside: bool, give_up: Any
+        self, death: Died, entry: Entry, exit_text: str, outside: bool, give_up: Any
     ) -> bool:
         """A task was proven to kill its worker: name the sample, skip it or give up.
         Returns False when the book gave up."""
@@ -593,7 +580,7 @@ class TaskBook:
             self._arrived[entry.seq] = None
         return True
 
-    def _crash_error(self, death: Death, held: list[int], text: str) -> WorkerCrashedError:
+    def _crash_error(self, death: Died, held: list[int], text: str) -> WorkerCrashedError:
         return WorkerCrashedError(
             text,
             worker_id=death.worker_id,

@@ -14,7 +14,8 @@ from .._workers.exits import describe_exit
 from .._workers.status import WorkerStatus
 
 if TYPE_CHECKING:
-    from .book import Busy, Death
+    from .._workers.events import Died
+    from .book import Busy
 
 __all__ = [
     "death_summary",
@@ -43,7 +44,7 @@ def typical_batch_time(batch_time: float) -> str:
 
 
 def death_summary(
-    death: Death,
+    death: Died,
     exit_text: str,
     indices_of: Callable[[int], tuple[Any, ...]],
     held: list[int],
@@ -66,7 +67,7 @@ def death_summary(
     )
 
 
-def torch_words(death: Death) -> str:
+def torch_words(death: Died) -> str:
     """What torch's DataLoader says for the same death, verbatim, so that log alerts
     written for torch's messages still fire."""
     code = death.exitcode

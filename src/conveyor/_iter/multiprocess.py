@@ -20,8 +20,9 @@ from typing import Any, Protocol
 from .. import _torch
 from .._compat import assert_never
 from .._transport.codec import InlinePayload, Payload
+from .._workers.events import Died, PoolEvent, Received
 from .._workers.loop import UserObjects, WorkerSpec
-from .._workers.pool import Died, PoolEvent, Received, WorkerPool
+from .._workers.pool import WorkerPool
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
@@ -48,7 +49,6 @@ from ..sampling import draw_base_seed
 from .batches import batch_size_of
 from .book import (
     Busy,
-    Death,
     Entry,
     EpochEnd,
     GiveUp,
@@ -308,8 +308,7 @@ class MultiprocessIterator:
                 assert_never(message)
 
     def _on_death(self, died: Died) -> None:
-        death = Death(died.worker_id, died.pid, died.exitcode, died.status)
-        decision = self._book.on_death(death, time.monotonic())
+        decision = self._book.on_death(died, time.monotonic())
         if decision is None:
             return  # the book gives up: the error comes at its place in the order
         self._restart(decision)

@@ -26,10 +26,11 @@ import psutil
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder, Payload, SlotPayload
 from ..config import StartMethod
+from .events import Died, PoolEvent, Received
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
-from .protocol import Ready, StartupFailed, Stop, Task, WorkerMessage
+from .protocol import Ready, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
 
@@ -66,29 +67,6 @@ class _Worker:
         taken = self.pending_releases[:]
         del self.pending_releases[: len(taken)]
         return tuple(taken)
-
-
-@dataclass(frozen=True)
-class Received:
-    """A message from a worker. ``origin`` is the process that sent it: decode its
-    payload with :meth:`WorkerPool.decode` even after that worker was replaced."""
-
-    worker_id: int
-    message: WorkerMessage
-    origin: Any
-
-
-@dataclass(frozen=True)
-class Died:
-    """A worker process exited without being asked to (its messages came first)."""
-
-    worker_id: int
-    pid: int | None
-    exitcode: int | None
-    status: WorkerStatus  # its status page, read after it died
-
-
-PoolEvent = Received | Died
 
 
 class WorkerPool:
