@@ -90,26 +90,39 @@ class IterableFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self._iterator: Iterator[Any] | None = None
-        self._ended = False
+        # iter() now, as torch's fetcher does: a dataset's state taken right after the
+        # loader's iter() already reflects it.
+        self.iterator: Iterator[Any] = iter(())
+        self.init_error: Exception | None = None
+        self.restart()
 
     def restart(self) -> None:
-        self._iterator = None
-        self._ended = False
+        self.ended = False
+        self.init_error = None
+        try:
+            self.iterator = iter(self.dataset)
+        except Exception as exc:  # raised by the first fetch, as torch's worker does
+            self.iterator, self.init_error = iter(()), exc
 
     def fetch(self, index: Any) -> Any:
-        if self._ended:
+        if self.init_error is not None:
+            error, self.init_error = self.init_error, None
+            self.ended = True
+            raise error
+        if self.ended:
             raise StopIteration
-        if self._iterator is None:
-            self._iterator = iter(self.dataset)
         if not self.auto_collation:
-            return next(self._iterator)
+            try:
+                return next(self.iterator)
+            except StopIteration:
+                self.ended = True
+                raise
         data = []
         for _ in index:
             try:
-                data.append(next(self._iterator))
+                data.append(next(self.iterator))
             except StopIteration:
-                self._ended = True
+                self.ended = True
                 break
         if not data or (self.drop_last and len(data) < len(index)):
             raise StopIteration

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._collate_errors import collate_context
+from ._dataset_state import WorkerState
 from ._fetch import IterableFetcher, MapFetcher, batch_indices
+from ._reseed import Reseed
 from ._workers.protocol import Stage
+from .stateful import is_stateful, load_into, save_of
 
 __all__ = [
     "Collated",
@@ -98,10 +101,19 @@ class TaskRunner:
         collate_fn: Callable[[Any], Any],
         drop_last: bool,
         skip_errors: bool,
+        resume: WorkerState | None = None,
     ) -> None:
+        """``resume``: a worker's saved state, restored in torchdata's order: the
+        dataset's state, then ``iter(dataset)`` once, then the iterator's state."""
+        self.dataset = dataset
         self.fetcher: MapFetcher | IterableFetcher
+        if resume is not None:
+            load_into(dataset, resume.dataset_state)
         if iterable:
             self.fetcher = IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
+            if resume is not None:
+                load_into(self.fetcher.iterator, resume.iter_state)
+                self.fetcher.ended = resume.ended
         else:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
         self.iterable = iterable
@@ -114,6 +126,23 @@ class TaskRunner:
         if isinstance(self.fetcher, IterableFetcher):
             self.fetcher.restart()
 
+    @property
+    def stateful(self) -> bool:
+        """The dataset (or its iterator) keeps a state of its own to save."""
+        if is_stateful(self.dataset):
+            return True
+        return isinstance(self.fetcher, IterableFetcher) and is_stateful(self.fetcher.iterator)
+
+    def state(self) -> WorkerState:
+        """The dataset's state now (and its iterator's), as torchdata lays it out."""
+        fetcher = self.fetcher
+        if not isinstance(fetcher, IterableFetcher):
+            return WorkerState(save_of(self.dataset))
+        iterator = fetcher.iterator
+        # A dataset that is its own iterator is saved once, as the iterator.
+        dataset_state = None if iterator is self.dataset else save_of(self.dataset)
+        return WorkerState(dataset_state, save_of(iterator), fetcher.ended, iterable=True)
+
     def run(
         self,
         index: Any,
@@ -122,21 +151,28 @@ class TaskRunner:
         trace: bool = False,
         progress: Progress = UNWATCHED,
         collating: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        reseed: Reseed | None = None,
     ) -> TaskOutcome:
         """One task. ``exclude`` leaves dataset indices out without fetching them;
         ``trace`` reports each sample's position before fetching it (a retry
-        after a crash, to name the sample that kills the worker)."""
+        after a crash, to name the sample that kills the worker); ``reseed``
+        seeds the random generators before the batch or each sample."""
         fetcher = self.fetcher
         indices = None if self.iterable else batch_indices(index, self.auto_collation)
         left_out: tuple[LeftOut, ...] = ()
+        per_sample = reseed is not None and reseed.mode == "sample" and not self.iterable
+        if reseed is not None and not per_sample:
+            reseed.before_batch(items=self.iterable)
         try:
-            if isinstance(fetcher, MapFetcher) and (trace or exclude or self.skip_errors):
+            if isinstance(fetcher, MapFetcher) and (
+                trace or exclude or self.skip_errors or per_sample
+            ):
                 assert indices is not None
                 samples, indices, failed = fetcher.fetch_each(
                     indices,
                     exclude=exclude,
                     tolerate=self.skip_errors,
-                    on_position=progress.position if trace else None,
+                    on_position=_position_hook(progress if trace else None, reseed),
                 )
                 left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
                 if not samples:
@@ -151,6 +187,9 @@ class TaskRunner:
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
         progress.stage(Stage.COLLATE)
+        if per_sample:
+            assert reseed is not None
+            reseed.before_collate()
         try:
             with collating(), collate_context(indices):
                 batch = self.collate_fn(data)
@@ -170,6 +209,22 @@ class TaskRunner:
         if self.skip_errors and indices:
             return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
         return Failed(stage, error)
+
+
+def _position_hook(
+    progress: Progress | None, reseed: Reseed | None
+) -> Callable[[int], None] | None:
+    """What runs before each sample of a sample-by-sample fetch."""
+    if reseed is None or reseed.mode != "sample":
+        return progress.position if progress is not None else None
+    if progress is None:
+        return reseed.before_sample
+
+    def both(position: int) -> None:
+        progress.position(position)
+        reseed.before_sample(position)
+
+    return both
 
 
 def _stop_in_getitem(exc: StopIteration, indices: list[Any] | None) -> RuntimeError:

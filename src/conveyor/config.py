@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
+from .stateful import is_stateful
 
 __all__ = ["LoaderConfig", "LoaderHistory", "StartMethod", "SupervisionPolicy"]
 
@@ -161,6 +162,14 @@ class LoaderConfig:
     start_method: StartMethod
     policy: SupervisionPolicy = field(default_factory=SupervisionPolicy)
     preflight: bool = True
+    reseed: str = "worker"  # see conveyor._reseed
+    snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
+
+    @property
+    def dataset_keeps_state(self) -> bool:
+        """The dataset has ``state_dict``/``load_state_dict`` of its own (torchdata's
+        ``Stateful``): its state is saved per worker."""
+        return is_stateful(self.dataset)
 
     @property
     def auto_collation(self) -> bool:

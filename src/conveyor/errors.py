@@ -18,6 +18,9 @@ for ``torch.utils.data.DataLoader`` keep working::
     ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
         ├── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
+        ├── StateError                        a state_dict that cannot be loaded: the key, why
+        │   └── WorkerCountError (AssertionError)  resuming per-worker state with another
+        │                                     num_workers (torchdata asserts)
         └── UsageError                        ``conveyor doctor MODULE:OBJECT`` names nothing
                                               it can load (exit status 2)
 
@@ -55,9 +58,11 @@ __all__ = [
     "PrefetchFactorError",
     "PreflightWarning",
     "SharedMemoryExhaustedError",
+    "StateError",
     "UnpicklableError",
     "UsageError",
     "WorkerContext",
+    "WorkerCountError",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerRestartedWarning",
@@ -206,6 +211,17 @@ class ConfigError(ConveyorError, ValueError):
 
 class PrefetchFactorError(ConfigError, AssertionError):
     """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
+
+
+class StateError(ConfigError):
+    """``load_state_dict`` got a state it cannot resume from: the message names the key
+    and what was expected (a malformed state, an unknown version, another dataset)."""
+
+
+class WorkerCountError(StateError, AssertionError):
+    """A state holding per-worker state (an iterable dataset, a dataset with its own
+    ``state_dict``) was loaded into a loader with another ``num_workers``; raised at
+    ``iter()``. An AssertionError too, as torchdata's ``StatefulDataLoader`` raises."""
 
 
 class UsageError(ConfigError):

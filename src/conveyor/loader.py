@@ -19,6 +19,9 @@ from typing import Any
 from . import collate as _collate
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
+from ._iter.progress import Progress
+from ._iter.state import ResumePoint, parse
+from ._reseed import check_reseed
 from .config import LoaderConfig, LoaderHistory, StartMethod, SupervisionPolicy
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
@@ -83,6 +86,8 @@ class DataLoader:
         stall_warning: float | None = 60.0,
         on_timeout: str = "raise",
         preflight: bool = True,
+        snapshot_every_n_steps: int | None = 1,
+        reseed: str = "worker",
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -124,6 +129,19 @@ class DataLoader:
         if not isinstance(preflight, bool):
             raise ConfigError(f"preflight must be True or False, got {preflight!r}")
         self._preflight = preflight
+        self._reseed = check_reseed(reseed)
+        every = snapshot_every_n_steps
+        if every is None:
+            every = 0
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(
+                "snapshot_every_n_steps must be an int >= 0 (0: no periodic snapshot), "
+                f"got {snapshot_every_n_steps!r}"
+            )
+        self.snapshot_every_n_steps = every
+        self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
+        self._progress: Progress | None = None  # what the current (or last) iterator handed out
+        self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
         self._preflight_pending = preflight  # checked on the first iteration with workers
         self._is_iterable = is_iterable_dataset(dataset)
         self._last_iterator: weakref.ref[Any] | None = None
@@ -225,6 +243,8 @@ class DataLoader:
             start_method=StartMethod.of(self._multiprocessing_context),
             policy=self._policy,
             preflight=self._preflight,
+            reseed=self._reseed,
+            snapshot_every_n_steps=self.snapshot_every_n_steps,
         )
 
     @property
@@ -266,6 +286,12 @@ class DataLoader:
     # --- iteration --------------------------------------------------------
 
     def __iter__(self) -> InlineIterator | MultiprocessIterator:
+        primed, self._primed = self._primed, None
+        if primed is not None and not primed.closed:
+            return primed  # made by state_dict() before the first iter(), as torchdata does
+        return self._new_iterator()
+
+    def _new_iterator(self) -> InlineIterator | MultiprocessIterator:
         iterator: InlineIterator | MultiprocessIterator
         config = self._config
         if self._multiprocessing_context is None:
@@ -275,8 +301,9 @@ class DataLoader:
         if self.num_workers > 0 and self._preflight_pending:
             run_automatic(config)  # raises an ERROR before any worker starts, warns once
             self._preflight_pending = False
+        resume, self._pending_state = self._pending_state, None
         if self.num_workers == 0:
-            iterator = InlineIterator(config, self._history)
+            iterator = InlineIterator(config, self._history, resume)
         elif self.prefetch_factor == 0:
             raise PrefetchFactorError(
                 "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
@@ -284,16 +311,61 @@ class DataLoader:
             )
         elif not self.persistent_workers:
             self.check_worker_number_rationality()
-            iterator = MultiprocessIterator(config, self._history)
-        elif self._iterator is None or self._iterator.closed:
-            iterator = self._iterator = MultiprocessIterator(config, self._history)
+            iterator = MultiprocessIterator(config, self._history, resume=resume)
+        elif self._iterator is None or self._iterator.closed or resume is not None:
+            if self._iterator is not None:
+                self._iterator.close()
+            iterator = self._iterator = MultiprocessIterator(config, self._history, resume=resume)
         else:
             self._iterator.reset()
             iterator = self._iterator
         # A weak reference: holding the iterator would keep its workers alive
         # after the user's loop is gone.
         self._last_iterator = weakref.ref(iterator)
+        self._progress = iterator.progress
         return iterator
+
+    # --- checkpoint and resume ------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is, as plain data (torchdata ``StatefulDataLoader``'s layout).
+
+        Taken at any time: before ``iter()``, mid-epoch, after the epoch. It depends
+        only on the batches handed out (not on what workers prefetched), and does
+        not change as iteration goes on. ``load_state_dict`` on a new loader resumes
+        at the next batch, with the same batches in the same order.
+        """
+        if self._progress is None or self._pending_state is not None:
+            # Nothing to describe yet (or a loaded state waits): make the iterator now,
+            # as torchdata does; the next iter() returns it.
+            self._primed = self._new_iterator()
+        assert self._progress is not None
+        return self._progress.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s result: the next ``iter()`` continues where it
+        was taken. A malformed state raises a ``StateError`` (a ``ValueError``) naming
+        the key; resuming per-worker state with another ``num_workers`` raises a
+        ``WorkerCountError`` (also an ``AssertionError``) at ``iter()``."""
+        if state_dict == {}:
+            return  # torchdata: an empty state changes nothing
+        self._pending_state = parse(
+            state_dict, dataset_len=self._dataset_len(), iterable=self._is_iterable
+        )
+        primed, self._primed = self._primed, None
+        if primed is not None:
+            primed.close()
+        if self._iterator is not None:
+            self._iterator.close()  # persistent workers restart from the loaded state
+            self._iterator = None
+
+    def _dataset_len(self) -> int | None:
+        if self._is_iterable:
+            return None
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
     # --- what the loader reports ------------------------------------------------
 

@@ -25,12 +25,14 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from . import _torch
+from .stateful import is_stateful
 
 # None without torch. A worker that defers torch never samples: it only needs
 # worker_seeds(), which is arithmetic.
 torch: Any = _torch.load()
 
 __all__ = [
+    "BatchIterator",
     "BatchSampler",
     "InfiniteConstantSampler",
     "RandomSampler",
@@ -314,23 +316,66 @@ class BatchSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.drop_last = drop_last
 
-    def __iter__(self) -> Iterator[list[int]]:
-        indices = iter(self.sampler)
-        if self.drop_last:
-            # zip over batch_size references to one iterator: it stops at the first short batch.
-            for full in zip(*[indices] * self.batch_size, strict=False):
-                yield list(full)
-            return
-        batch = list(itertools.islice(indices, self.batch_size))
-        while batch:
-            yield batch
-            batch = list(itertools.islice(indices, self.batch_size))
+    def __iter__(self) -> BatchIterator:
+        return BatchIterator(self)
 
     def __len__(self) -> int:
         size = len(cast(Sized, self.sampler))
         if self.drop_last:
             return size // self.batch_size
         return (size + self.batch_size - 1) // self.batch_size
+
+
+class BatchIterator(Iterator[list[int]]):
+    """One pass of a :class:`BatchSampler`; resumable (torchdata's ``Stateful``).
+
+    ``state_dict()`` holds the samples yielded so far and, when the wrapped
+    sampler or its iterator is stateful, their own states. ``load_state_dict``
+    restores those, or else re-draws and skips the samples already yielded.
+    """
+
+    def __init__(self, batch_sampler: BatchSampler) -> None:
+        self._owner = batch_sampler
+        self._size = batch_sampler.batch_size
+        self._drop_last = batch_sampler.drop_last
+        self._indices: Iterator[int] = iter(batch_sampler.sampler)
+        self.samples_yielded = 0
+
+    @property
+    def inner_stateful(self) -> bool:
+        """The wrapped sampler or its iterator keeps a state of its own."""
+        return is_stateful(self._owner.sampler) or is_stateful(self._indices)
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> list[int]:
+        batch = list(itertools.islice(self._indices, self._size))
+        if not batch or (self._drop_last and len(batch) < self._size):
+            raise StopIteration
+        self.samples_yielded += len(batch)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"samples_yielded": self.samples_yielded}
+        if is_stateful(self._owner.sampler):
+            state["sampler_state"] = cast(Any, self._owner.sampler).state_dict()
+        if is_stateful(self._indices):
+            state["sampler_iter_state"] = cast(Any, self._indices).state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        sampler = self._owner.sampler
+        self.samples_yielded = int(state["samples_yielded"])
+        if "sampler_state" in state and is_stateful(sampler):
+            sampler.load_state_dict(state["sampler_state"])  # type: ignore[union-attr]
+        self._indices = iter(sampler)
+        if "sampler_iter_state" in state and is_stateful(self._indices):
+            cast(Any, self._indices).load_state_dict(state["sampler_iter_state"])
+        elif not (is_stateful(sampler) or is_stateful(self._indices)):
+            # Nothing remembers where it was: draw again and skip what was yielded.
+            for _ in itertools.islice(self._indices, self.samples_yielded):
+                pass
 
 
 class InfiniteConstantSampler(Sampler[None]):

@@ -48,7 +48,7 @@ class _FakeWorker:
     runner: TaskRunner
     queue: deque[tuple[int, Task]] = field(default_factory=deque)
     ready_sent: bool = False
-    epoch: int = -1
+    epoch: int | None = None  # the runner was made for the first epoch, whichever it is
 
 
 class FakePool:
@@ -152,8 +152,9 @@ class FakePool:
 
     def _run(self, worker: _FakeWorker, task: Task) -> PoolEvent:
         if task.epoch != worker.epoch:
+            if worker.epoch is not None:
+                worker.runner.new_epoch()
             worker.epoch = task.epoch
-            worker.runner.new_epoch()
         for position, index in enumerate(_indices(task.index, worker)):
             if index in self.kill_once and index not in task.exclude:
                 status = WorkerStatus(task.epoch, task.seq, Stage.FETCH, -1, 0.0)

@@ -99,6 +99,8 @@ class Entry:
     origin: Any = None  # which worker process sent the reply (the pool decodes with it)
     left_out: list[LeftOutNote] = field(default_factory=list)
     cached_indices: tuple[Any, ...] | None = None
+    first_sample: int = 0  # the position of its first sample in the epoch (reseed)
+    want_state: bool = False  # the reply carries the dataset's state
 
     @property
     def indices(self) -> tuple[Any, ...]:
@@ -236,6 +238,7 @@ class TaskBook:
         self._cursor = 0
         self._sampler_done = False
         self._fatal: tuple[int, BaseException] | None = None  # (place in the order, error)
+        self._skipped: set[int] = set()  # positions handed out before a resume
         for record in self.workers:
             record.active = True
             record.in_flight = 0
@@ -243,11 +246,33 @@ class TaskBook:
 
     # --- epochs ---------------------------------------------------------------------
 
-    def start_epoch(self, epoch: int, epoch_samples: int | None, now: float = 0.0) -> None:
+    def start_epoch(
+        self,
+        epoch: int,
+        epoch_samples: int | None,
+        now: float = 0.0,
+        *,
+        first_seq: int = 0,
+        first_worker: int = 0,
+    ) -> None:
+        """``first_seq``: a resumed epoch's first position not handed out yet;
+        ``first_worker``: where round-robin dispatch resumes."""
         self.epoch = epoch
         self.last_progress = now
         self._start_epoch_state()
+        self.next_seq = self.next_out = first_seq
+        self._cursor = first_worker % max(1, self.num_workers)
         self.skips.start_epoch(epoch, epoch_samples)
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """The error the book gave up with, if it did."""
+        return self._fatal[1] if self._fatal is not None else None
+
+    def skip_seq(self) -> None:
+        """The next position was handed out before the state was taken: nothing to send."""
+        self._skipped.add(self.next_seq)
+        self.next_seq += 1
 
     @property
     def initial_tasks(self) -> int:
@@ -272,11 +297,21 @@ class TaskBook:
     def sampler_ended(self) -> None:
         self._sampler_done = True
 
-    def add(self, worker_id: int, index: Any, now: float, released: tuple[int, ...] = ()) -> Task:
+    def add(
+        self,
+        worker_id: int,
+        index: Any,
+        now: float,
+        released: tuple[int, ...] = (),
+        *,
+        first_sample: int = 0,
+        want_state: bool = False,
+    ) -> Task:
         """Record a new task for ``worker_id``; returns the message to send."""
         seq = self.next_seq
         self.next_seq += 1
         entry = Entry(seq, worker_id, index, self._shape, now)
+        entry.first_sample, entry.want_state = first_sample, want_state
         poison = self.skips.poison()
         if poison and self._shape != _ITERABLE:
             entry.exclude = exclude = tuple(i for i in entry.indices if i in poison)
@@ -293,7 +328,15 @@ class TaskBook:
             ]
         self.tasks[seq] = entry
         self.workers[worker_id].in_flight += 1
-        return Task(self.epoch, seq, index, released, exclude=entry.exclude)
+        return Task(
+            self.epoch,
+            seq,
+            index,
+            released,
+            exclude=entry.exclude,
+            first_sample=first_sample,
+            want_state=want_state,
+        )
 
     # --- replies --------------------------------------------------------------------
 
@@ -355,6 +398,9 @@ class TaskBook:
 
     def _ready(self) -> Entry | None:
         if self.in_order:
+            while self._skipped and self.next_out in self._skipped:
+                self._skipped.discard(self.next_out)
+                self.next_out += 1
             entry = self.tasks.get(self.next_out)
             if entry is None or entry.reply is None:
                 return None
@@ -496,7 +542,15 @@ class TaskBook:
             entry.sent_at = now
             entry.stall_reported = False
             resend.append(
-                Task(self.epoch, seq, entry.index, trace=seq == culprit, exclude=entry.exclude)
+                Task(
+                    self.epoch,
+                    seq,
+                    entry.index,
+                    trace=seq == culprit,
+                    exclude=entry.exclude,
+                    first_sample=entry.first_sample,
+                    want_state=entry.want_state,
+                )
             )
         self.retried += len(resend)
         report = (

@@ -3,26 +3,55 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
+from .._reseed import Reseed, kept_global_rngs
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import add_note
 from ..records import LoaderStatistics
 from ..sampling import draw_base_seed
+from ..stateful import load_into
 from .batches import batch_size_of
+from .cursor import END, SamplerCursor
 from .pinning import pin_batch, pinning_enabled
+from .progress import Progress, per_worker_why
 from .skips import SkipLedger, type_path
+from .state import ResumePoint
 
 
 class InlineIterator:
-    def __init__(self, config: LoaderConfig, history: LoaderHistory) -> None:
+    def __init__(
+        self, config: LoaderConfig, history: LoaderHistory, resume: ResumePoint | None = None
+    ) -> None:
         self._config = config
         self._history = history
-        self._sampler_iter: Iterator[Any] = iter(config.index_sampler)
-        # Drawn as torch draws it, so the generator advances identically.
-        draw_base_seed(config.generator)
+        if resume is not None:
+            resume.check_workers(
+                0,
+                per_worker=config.iterable or config.dataset_keeps_state,
+                why=per_worker_why(config),
+            )
+            history.skipped[:] = resume.skipped
+        finished = resume is not None and resume.finished
+        mid = resume if resume is not None and not finished else None
+        cursor = self._cursor = SamplerCursor(config)
+        if finished and resume is not None and resume.rng_after:
+            cursor.streams.restore(resume.rng_after)  # the next epoch draws as it would have
+        # torch makes the sampler's iterator, then draws the base seed: the same order
+        # consumes a shared generator identically.
+        if mid is not None:
+            cursor.reopen(mid.main)
+        else:
+            cursor.start()
+        base_seed = draw_base_seed(config.generator)
+        if mid is not None:
+            cursor.restore_streams()
+            if mid.base_seed is not None:
+                base_seed = mid.base_seed
+        if resume is not None and resume.epoch is not None:
+            history.epochs_started = resume.epoch + (1 if finished else 0)
+        self._base_seed = base_seed
         self._pin = pinning_enabled(config)
         self._num_yielded = 0
         self._samples_yielded = 0
@@ -30,6 +59,9 @@ class InlineIterator:
         self._epoch = history.next_epoch()
         self._skips = SkipLedger(history.skipped, config.policy)
         self._skips.start_epoch(self._epoch, config.epoch_samples())
+        if finished and resume is not None and resume.workers:
+            load_into(config.dataset, resume.workers[0].dataset_state)
+        worker_state = mid.workers[0] if mid is not None and mid.num_workers == 0 else None
         self._runner = TaskRunner(
             config.dataset,
             iterable=config.iterable,
@@ -37,7 +69,34 @@ class InlineIterator:
             collate_fn=config.collate_fn,
             drop_last=config.drop_last,
             skip_errors=config.policy.skipping,
+            resume=worker_state,
         )
+        fetcher_error = getattr(self._runner.fetcher, "init_error", None)
+        if fetcher_error is not None:
+            raise fetcher_error  # iter(dataset) raised: at iter(), as torch raises it
+        self.progress = Progress(
+            config=config,
+            history=history,
+            cursor=cursor,
+            num_workers=0,
+            base_seed=base_seed,
+            epoch=self._epoch,
+            inline_state=self._runner.state,
+        )
+        if mid is not None:
+            cursor.advance(mid.main, mid.delivered, mid.samples)
+            self._num_yielded = mid.yielded - mid.replay
+            self.progress.start_from(mid)
+            for _ in range(mid.replay):  # batches handed out before, fetched again
+                try:
+                    self._next_batch()
+                except StopIteration:
+                    break
+                self._num_yielded += 1
+                self.progress.handed_out(cursor.drawn - 1, -1, None)
+            self.progress.resumed_from = mid.raw
+        else:
+            self.progress.start_from(None)
 
     def __iter__(self) -> InlineIterator:
         return self
@@ -46,11 +105,17 @@ class InlineIterator:
         return len(self._config.index_sampler)
 
     def __next__(self) -> Any:
+        if self.closed:
+            raise StopIteration
         try:
             batch = self._next_batch()
         except StopIteration:
             self._end()
             raise
+        except BaseException:
+            self.progress.handed_out(self._cursor.drawn - 1, -1, None)  # consumed, as torch
+            raise
+        self.progress.handed_out(self._cursor.drawn - 1, -1, None)
         self._num_yielded += 1
         self._samples_yielded += batch_size_of(batch)
         len_hint = self._history.iterable_len
@@ -64,9 +129,13 @@ class InlineIterator:
             )
         return pin_batch(batch) if self._pin else batch
 
+    def close(self) -> None:
+        self.closed = True
+
     def _end(self) -> None:
         if not self.closed:
             self.closed = True
+            self.progress.ended()
             self._skips.log_epoch_summary()
             self._history.last_statistics = self.statistics()
 
@@ -84,17 +153,38 @@ class InlineIterator:
 
     def _next_batch(self) -> Any:
         while True:
-            outcome = self._runner.run(next(self._sampler_iter))
+            seq = self._cursor.drawn
+            index = self._cursor.next()
+            if index is END:
+                raise StopIteration
+            if seq in self.progress.beyond:
+                continue  # handed out before the state was taken (in_order=False)
+            outcome = self._run(index)
             match outcome:
                 case Collated(batch=batch, left_out=left_out):
                     self._skip(left_out)
                     return batch
                 case NothingLeft(left_out=left_out):
                     self._skip(left_out)
+                    self.progress.handed_out(self._cursor.drawn - 1, -1, None, empty=True)
                 case Failed(error=error):
                     raise error
                 case Exhausted():
                     raise StopIteration
+
+    def _run(self, index: Any) -> Any:
+        if self._config.reseed == "worker":
+            return self._runner.run(index)
+        cursor = self._cursor
+        reseed = Reseed(
+            self._config.reseed,
+            self._base_seed,
+            self._epoch,
+            cursor.drawn - 1,
+            cursor.samples_before(cursor.drawn - 1),
+        )
+        with kept_global_rngs():
+            return self._runner.run(index, reseed=reseed)
 
     def _skip(self, left_out: tuple[LeftOut, ...]) -> None:
         for item in left_out:

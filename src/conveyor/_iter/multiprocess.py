@@ -11,14 +11,16 @@ about tasks lives in the book.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .. import _torch
 from .._compat import assert_never
+from .._dataset_state import WorkerState
 from .._transport.codec import InlinePayload, Payload
 from .._workers.events import Died, PoolEvent, Received
 from .._workers.loop import UserObjects, WorkerSpec
@@ -59,7 +61,10 @@ from .book import (
     TimedOut,
     Wait,
 )
+from .cursor import END, SamplerCursor
 from .pinning import pin_batch, pinning_enabled
+from .progress import Progress, per_worker_why
+from .state import ResumePoint
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
 
@@ -100,17 +105,40 @@ class MultiprocessIterator:
         config: LoaderConfig,
         history: LoaderHistory,
         pool_factory: PoolFactory = WorkerPool,
+        resume: ResumePoint | None = None,
     ) -> None:
         self._config = config
         self._history = history
         self._pin = pinning_enabled(config)
         self._warned_inline = False
         self.closed = False
-        # torch iterates the index sampler once, draws the base seed, then
-        # iterates it again per epoch: samplers that draw eagerly in __iter__
-        # consume the RNG in that order, so do the same.
-        self._sampler_iter: Iterator[Any] = iter(config.index_sampler)
+        # Workers whose dataset keeps a state (or whose iterator does) report it.
+        self._per_worker = config.iterable or config.dataset_keeps_state
+        if resume is not None:
+            resume.check_workers(
+                config.num_workers, per_worker=self._per_worker, why=per_worker_why(config)
+            )
+            history.skipped[:] = resume.skipped
+        finished = resume is not None and resume.finished
+        self._resume = resume if resume is not None and not finished else None
+        self._cursor = SamplerCursor(config)
+        rng_after = resume.rng_after if finished and resume is not None else None
+        if rng_after and not config.persistent_workers:
+            self._cursor.streams.restore(rng_after)
+        # torch iterates the index sampler once, draws the base seed, then iterates
+        # it again per epoch: samplers that draw eagerly in __iter__ consume the RNG
+        # in that order, so do the same.
+        iter(config.index_sampler)
         base_seed = draw_base_seed(config.generator)
+        if rng_after and config.persistent_workers:
+            # Persistent workers drew no new seed for the next epoch: neither do we.
+            self._cursor.streams.restore(rng_after)
+        keeps_seed = self._resume is not None or (finished and config.persistent_workers)
+        if keeps_seed and resume is not None and resume.base_seed is not None:
+            base_seed = resume.base_seed
+        if resume is not None and resume.epoch is not None:
+            history.epochs_started = resume.epoch + (1 if finished else 0)
+        self._base_seed = base_seed
         self._book = TaskBook(
             num_workers=config.num_workers,
             prefetch=config.prefetch_factor,
@@ -123,7 +151,8 @@ class MultiprocessIterator:
             forked=config.start_method.copies_memory,
             now=time.monotonic(),
         )
-        specs = [
+        restored = _worker_states(resume, config) if self._per_worker else None
+        self._specs = [
             WorkerSpec(
                 worker_id=i,
                 num_workers=config.num_workers,
@@ -135,14 +164,29 @@ class MultiprocessIterator:
                 parent_pid=os.getpid(),
                 skip_errors=config.policy.skipping,
                 tensors_in_main=_torch.load() is not None,
+                reseed=config.reseed,
+                report_state=self._per_worker,
+                resume_state=restored[i] if restored is not None else None,
             )
             for i in range(config.num_workers)
         ]
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn)
-        self._pool = pool_factory(config.start_method, user, specs)
+        self._pool = pool_factory(config.start_method, user, self._specs)
         self._finalizer = weakref.finalize(self, self._pool.close)
         self._recheck_at = 0.0  # when the status pages must be read again (deadlines)
-        self._start_epoch()
+        # Each worker's state at the start of the epoch still to be heard (per-worker state).
+        self._unreported: set[int] = set(range(config.num_workers)) if self._per_worker else set()
+        self._not_ready = set(range(config.num_workers))
+        self.progress = self._new_progress()
+        try:
+            self._start_epoch(self._resume)
+            # Like torchdata: iter() returns once every worker has started, so a
+            # worker_init_fn (or a saved state that does not load) fails here.
+            self._await_ready()
+            self._replay(self._resume)
+        except BaseException:
+            self.close()
+            raise
 
     # --- the iterator protocol ----------------------------------------------------------
 
@@ -158,6 +202,7 @@ class MultiprocessIterator:
         try:
             batch = self._next_batch()
         except StopIteration:
+            self.progress.ended()
             self._book.skips.log_epoch_summary()
             if not self._config.persistent_workers:
                 self.close()
@@ -180,17 +225,54 @@ class MultiprocessIterator:
 
     def reset(self) -> None:
         """Start another epoch on the same (persistent) workers."""
-        self._start_epoch()
+        previous = self.progress
+        self.progress = self._new_progress(previous.worker_states)
+        if self._per_worker:
+            self._unreported = set(range(self._config.num_workers))
+        self._start_epoch(None)
 
     def statistics(self) -> LoaderStatistics:
         return self._book.statistics(time.monotonic(), self._pool.pids())
 
+    def _new_progress(self, worker_states: list[WorkerState] | None = None) -> Progress:
+        progress = Progress(
+            config=self._config,
+            history=self._history,
+            cursor=self._cursor,
+            num_workers=self._config.num_workers,
+            base_seed=self._base_seed,
+            epoch=self._history.epochs_started,
+            per_worker=self._per_worker,
+            worker_states=list(worker_states or []),
+        )
+        progress.settle = weakref.WeakMethod(self._await_reports)
+        return progress
+
     # --- epochs and dispatch ------------------------------------------------------------
 
-    def _start_epoch(self) -> None:
-        self._sampler_iter = iter(self._config.index_sampler)
+    def _start_epoch(self, resume: ResumePoint | None) -> None:
+        epoch = self._history.next_epoch()
+        self.progress.epoch = epoch
+        first_seq = first_worker = 0
+        if resume is not None:
+            self._cursor.reopen(resume.main)
+            self._cursor.restore_streams()
+            self._cursor.advance(resume.main, resume.delivered, resume.samples)
+            first_seq = resume.delivered
+            if resume.num_workers == self._config.num_workers:
+                first_worker = resume.last_worker + 1  # round-robin goes on where it was
+            if self._per_worker:
+                self.progress.worker_states = list(resume.workers)
+                self._unreported.clear()
+        else:
+            self._cursor.start()
+        self.progress.start_from(resume)
         self._book.start_epoch(
-            self._history.next_epoch(), self._config.epoch_samples(), time.monotonic()
+            epoch,
+            self._config.epoch_samples(),
+            time.monotonic(),
+            first_seq=first_seq,
+            first_worker=first_worker,
         )
         for _ in range(self._book.initial_tasks):
             self._dispatch()
@@ -199,12 +281,50 @@ class MultiprocessIterator:
         worker_id = self._book.next_worker()
         if worker_id is None:
             return
-        try:
-            index = next(self._sampler_iter)
-        except StopIteration:
-            self._book.sampler_ended()
+        cursor = self._cursor
+        while True:
+            seq = cursor.drawn
+            index = cursor.next()
+            if index is END:
+                self._book.sampler_ended()
+                return
+            if seq not in self.progress.beyond:
+                break
+            self._book.skip_seq()  # handed out before the state was taken (in_order=False)
+        task = self._book.add(
+            worker_id,
+            index,
+            time.monotonic(),
+            first_sample=cursor.samples_before(seq),
+            want_state=self._per_worker and self._config.snapshot_every_n_steps > 0,
+        )
+        self._pool.send(worker_id, task)
+
+    def _await_ready(self) -> None:
+        """Block until every worker has started (and reported its state)."""
+        while self._not_ready:
+            self._receive()
+            self._raise_if_given_up()
+
+    def _await_reports(self) -> None:
+        """``state_dict()`` needs each worker's state at the start of the epoch."""
+        while self._unreported and not self.closed and self._book.fatal is None:
+            self._receive()
+
+    def _raise_if_given_up(self) -> None:
+        if self._book.fatal is not None:
+            raise self._book.fatal
+
+    def _replay(self, resume: ResumePoint | None) -> None:
+        """Fetch again, and drop, the batches handed out after the last snapshot."""
+        if resume is None:
             return
-        self._pool.send(worker_id, self._book.add(worker_id, index, time.monotonic()))
+        for _ in range(resume.replay):
+            try:
+                self._next_batch()
+            except StopIteration:
+                break
+        self.progress.resumed_from = resume.raw
 
     # --- handing out --------------------------------------------------------------------
 
@@ -229,6 +349,14 @@ class MultiprocessIterator:
     def _hand_out(self, entry: Entry) -> Any:
         reply = entry.reply
         self._dispatch()  # one more task per task handed out, as torch does
+        empty = not isinstance(reply, TaskFailed) and getattr(reply, "payload", None) is None
+        state = getattr(reply, "state", None)
+        self.progress.handed_out(
+            entry.seq,
+            entry.worker_id,
+            pickle.loads(state) if state is not None else None,
+            empty=empty,
+        )
         match reply:
             case BatchDone(payload=None) | IterationEnded():
                 return _NOTHING  # every sample left out, or an iterator ended
@@ -296,16 +424,27 @@ class MultiprocessIterator:
 
     def _on_message(self, worker_id: int, message: Any, origin: Any) -> None:
         match message:
-            case Ready():
+            case Ready(state=state):
                 self._book.on_ready(worker_id)
+                self._not_ready.discard(worker_id)
+                self._reported(worker_id, state)
             case StartupFailed():
                 self._book.on_startup_failed(worker_id, self._startup_error(worker_id, message))
             case BatchDone() | TaskFailed() | IterationEnded():
+                if message.epoch_state is not None:
+                    self._reported(worker_id, message.epoch_state)
                 if not self._book.on_reply(worker_id, message, origin, time.monotonic()):
                     # A batch of an epoch the user abandoned: just free its slot.
                     self._pool.discard(origin, getattr(message, "payload", None))
             case _:
                 assert_never(message)
+
+    def _reported(self, worker_id: int, state: bytes | None) -> None:
+        """A worker's state when the epoch began (start-up, or a persistent worker's
+        first task of the epoch)."""
+        if state is not None and worker_id in self._unreported:
+            self._unreported.discard(worker_id)
+            self.progress.worker_reported(worker_id, pickle.loads(state))
 
     def _on_death(self, died: Died) -> None:
         decision = self._book.on_death(died, time.monotonic())
@@ -368,6 +507,7 @@ class MultiprocessIterator:
     # --- reports ----------------------------------------------------------------------------
 
     def _startup_error(self, worker_id: int, message: StartupFailed) -> BaseException:
+        # WORKER_INIT: the user's worker_init_fn; FETCH: restoring the dataset's state.
         exc = rebuild(message.error)
         pid = self._pid(worker_id)
         context = WorkerContext(
@@ -376,7 +516,7 @@ class MultiprocessIterator:
             stage=message.stage.value,
             traceback=message.error.traceback,
         )
-        if message.stage is Stage.WORKER_INIT:
+        if message.stage in (Stage.WORKER_INIT, Stage.FETCH):
             return attach_worker_context(exc, context)
         error = WorkerStartupError(
             f"DataLoader worker {worker_id} (pid {pid}) could not start: "
@@ -429,3 +569,21 @@ class MultiprocessIterator:
 
 
 _NOTHING = object()  # a handed-out task with no batch to give the user
+
+
+def _worker_states(resume: ResumePoint | None, config: LoaderConfig) -> list[bytes | None] | None:
+    """What each new worker restores at start-up: its part of a mid-epoch state, or, for
+    persistent workers after a finished epoch, its dataset's state (the epoch's
+    iterator is a new one)."""
+    if resume is None or not resume.workers:
+        return None
+    if resume.finished:
+        if not config.persistent_workers:
+            return None  # new workers start from the dataset as it is
+        states = [WorkerState(w.dataset_state, iterable=w.iterable) for w in resume.workers]
+    else:
+        states = list(resume.workers)
+    return [
+        pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) if s.holds_state or s.ended else None
+        for s in states
+    ]

@@ -8,6 +8,7 @@ happened in and sent back; the main process decides what to do.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import mmap
 import os
@@ -25,6 +26,7 @@ import numpy as np
 
 from .. import _torch
 from .._compat import assert_never
+from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
@@ -70,6 +72,9 @@ class WorkerSpec:
     parent_pid: int
     skip_errors: bool = False  # on_error="skip": leave failing samples out
     tensors_in_main: bool = False  # the main process has torch: batches hold tensors
+    reseed: str = "worker"  # see conveyor._reseed
+    report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
+    resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
 
 
 def worker_main(
@@ -115,14 +120,29 @@ def worker_main(
         except BaseException as exc:
             results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
             return
+    try:
+        resume = pickle.loads(spec.resume_state) if spec.resume_state is not None else None
+        runner = TaskRunner(
+            objects.dataset,
+            iterable=spec.iterable,
+            auto_collation=spec.auto_collation,
+            collate_fn=objects.collate_fn,
+            drop_last=spec.drop_last,
+            skip_errors=spec.skip_errors,
+            resume=resume,
+        )
+        state = _pickled_state(runner) if spec.report_state else None
+    except BaseException as exc:  # restoring the dataset's saved state failed
+        results.send(StartupFailed(Stage.FETCH, capture(exc)))
+        return
     status.idle()
-    results.send(Ready(spec.worker_id, os.getpid()))
+    results.send(Ready(spec.worker_id, os.getpid(), state))
     # Our own collate functions in a worker deferring torch return NumPy leaves
     # that stand for tensors: mark them so the main process makes tensors.
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
     make_tensors_in_main(as_tensors)
     try:
-        _serve(spec, objects, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
+        _serve(spec, runner, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
     finally:
         # The process ends with os._exit (no atexit): close what the dataset
         # opened with conveyor.per_worker now.
@@ -131,21 +151,13 @@ def worker_main(
 
 def _serve(
     spec: WorkerSpec,
-    objects: UserObjects,
+    runner: TaskRunner,
     tasks: Connection,
     results: Connection,
     encoder: Encoder,
     status: StatusWriter,
 ) -> None:
-    runner = TaskRunner(
-        objects.dataset,
-        iterable=spec.iterable,
-        auto_collation=spec.auto_collation,
-        collate_fn=objects.collate_fn,
-        drop_last=spec.drop_last,
-        skip_errors=spec.skip_errors,
-    )
-    epoch = -1
+    epoch: int | None = None  # the runner was made for the first epoch, whichever it is
     while True:
         try:
             message: MainMessage = tasks.recv()
@@ -156,11 +168,22 @@ def _serve(
                 return
             case Task():
                 encoder.arena.release(message.released)
+                epoch_state = None
                 if message.epoch != epoch:
+                    if epoch is not None:
+                        runner.new_epoch()
+                        if spec.report_state:
+                            epoch_state = _pickled_state(runner)
                     epoch = message.epoch
-                    runner.new_epoch()
                 status.begin(message.epoch, message.seq)
-                reply = _run(message, runner, encoder, status, time.perf_counter())
+                reseed = None
+                if spec.reseed != "worker":
+                    where = (message.epoch, message.seq, message.first_sample)
+                    reseed = Reseed(spec.reseed, spec.base_seed, *where)
+                reply = _run(message, runner, encoder, status, time.perf_counter(), reseed)
+                if message.want_state or epoch_state is not None:
+                    state = _pickled_state(runner) if message.want_state else None
+                    reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
                 status.idle()
                 try:
                     results.send(reply)
@@ -171,7 +194,12 @@ def _serve(
 
 
 def _run(
-    task: Task, runner: TaskRunner, encoder: Encoder, status: StatusWriter, started: float
+    task: Task,
+    runner: TaskRunner,
+    encoder: Encoder,
+    status: StatusWriter,
+    started: float,
+    reseed: Reseed | None = None,
 ) -> BatchDone | TaskFailed | IterationEnded:
     outcome = runner.run(
         task.index,
@@ -179,6 +207,7 @@ def _run(
         trace=task.trace,
         progress=status,
         collating=encoder.collating,
+        reseed=reseed,
     )
     if isinstance(outcome, Collated):
         status.stage(Stage.TRANSFER)
@@ -206,6 +235,12 @@ def _run(
             raise AssertionError("unreachable: a collated batch was encoded above")
         case _:
             assert_never(outcome)
+
+
+def _pickled_state(runner: TaskRunner) -> bytes:
+    # Plain pickle, not the pipe's: a tensor in the state travels by value, not as a
+    # shared-memory handle that would outlive this worker.
+    return pickle.dumps(runner.state(), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _sent(left_out: tuple[LeftOut, ...]) -> tuple[SampleFailed, ...]:

@@ -50,6 +50,8 @@ class Task:
     released: tuple[int, ...] = ()
     trace: bool = False  # a retry after a crash: record which sample is being fetched
     exclude: tuple[Any, ...] = ()  # dataset indices to leave out (samples that kill workers)
+    first_sample: int = 0  # the position of its first sample in the epoch (reseed="sample")
+    want_state: bool = False  # reply with the dataset's state after this task
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Stop:
 class Ready:
     worker_id: int
     pid: int
+    state: bytes | None = None  # the dataset's state before any task (pickled WorkerState)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class BatchDone:
     payload: Any  # a transport payload (conveyor._transport.codec); None: nothing left
     skipped: tuple[SampleFailed, ...] = ()
     busy_s: float = 0.0  # the worker's own time on this task, start to reply
+    state: bytes | None = None  # the dataset's state after it (Task.want_state)
+    epoch_state: bytes | None = None  # its state when this epoch began (first task only)
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ class IterationEnded:
 
     epoch: int
     seq: int
+    state: bytes | None = None
+    epoch_state: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ class TaskFailed:
     seq: int
     stage: Stage
     error: RemoteError
+    state: bytes | None = None
+    epoch_state: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,214 @@
+"""What an iterator has handed out, kept so that a state can be written at any moment.
+
+The loader holds the :class:`Progress` of its current iterator (not the
+iterator: that would keep workers alive after the user's loop is gone), so
+``state_dict()`` works mid-epoch, after a ``break`` and after the epoch.
+
+The state depends only on what was handed out, never on what was prefetched:
+the sampler's position is the prefix of batch positions handed out (plus,
+with ``in_order=False``, the positions handed out beyond it), and each
+worker's part is the state that came with the last batch handed out from it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._dataset_state import WorkerState
+from ..config import LoaderConfig, LoaderHistory
+from .cursor import SamplerCursor
+from .state import ResumePoint, Written, write
+
+
+@dataclass
+class _Snapshot:
+    """The state at a snapshot step (datasets with a state of their own)."""
+
+    step: int
+    prefix: int
+    samples: int
+    main: dict[str, Any]
+    workers: tuple[WorkerState, ...]
+    last_worker: int
+    beyond: tuple[int, ...] = ()
+
+
+@dataclass
+class Progress:
+    config: LoaderConfig
+    history: LoaderHistory
+    cursor: SamplerCursor
+    num_workers: int
+    base_seed: int
+    epoch: int
+    # Workers (or the dataset) carry a state of their own: snapshots every n steps,
+    # and the steps since are fetched again on resume. Otherwise the state is exact
+    # at every step and written from the counts when asked.
+    per_worker: bool = False
+    inline_state: Callable[[], WorkerState] | None = None  # without workers
+    prefix: int = 0
+    beyond: set[int] = field(default_factory=set)
+    yielded: int = 0
+    last_worker: int = -1
+    finished: bool = False
+    rng_after: list[Any] | None = None
+    worker_states: list[WorkerState] = field(default_factory=list)
+    resumed_from: dict[str, Any] | None = None  # the loaded state, until something moves
+    # Waits until every worker has reported its state at the start of the epoch
+    # (a weak method of the iterator; returns None once the iterator is gone).
+    settle: Callable[[], Callable[[], None] | None] | None = None
+    _snapshot: _Snapshot | None = None
+    _handed_from: set[int] = field(default_factory=set)  # workers whose state came with a batch
+
+    def __post_init__(self) -> None:
+        if not self.worker_states:
+            self.worker_states = [WorkerState() for _ in range(self.num_workers)]
+        if self.last_worker < 0:
+            self.last_worker = self.num_workers - 1  # torchdata's: worker 0 goes first
+        self._every = self.config.snapshot_every_n_steps
+
+    # --- what the iterators tell -------------------------------------------------------
+
+    def start_from(self, point: ResumePoint | None) -> None:
+        """The epoch begins (at the start, or where ``point`` left off)."""
+        if point is not None and not point.finished:
+            self.prefix = point.delivered
+            self.beyond = set(point.beyond)
+            self.yielded = point.yielded - point.replay
+            self.last_worker = point.last_worker
+        self.commit()
+
+    def worker_reported(self, worker_id: int, state: WorkerState) -> None:
+        """A worker's state before it ran anything this epoch (start-up, or a persistent
+        worker's new epoch). It may come after other workers' batches: it belongs to
+        every snapshot taken before this worker hands anything out."""
+        if self._delivered_from(worker_id):
+            return
+        self.worker_states[worker_id] = state
+        snap = self._snapshot
+        if snap is not None:
+            workers = list(snap.workers)
+            workers[worker_id] = state
+            snap.workers = tuple(workers)
+
+    def _delivered_from(self, worker_id: int) -> bool:
+        return worker_id in self._handed_from
+
+    def handed_out(
+        self, seq: int, worker_id: int, state: WorkerState | None, empty: bool = False
+    ) -> None:
+        """The batch at ``seq`` reached the user (or its error did); ``empty``: every
+        sample was left out, so the user got nothing, but the position is done."""
+        self.resumed_from = None
+        if not empty:
+            self.yielded += 1
+        self.last_worker = worker_id
+        if state is not None and worker_id >= 0:
+            self.worker_states[worker_id] = state
+            self._handed_from.add(worker_id)
+        if seq == self.prefix:
+            self.prefix += 1
+            beyond = self.beyond
+            while beyond and self.prefix in beyond:
+                beyond.discard(self.prefix)
+                self.prefix += 1
+            self.cursor.forget_before(self._kept_from())
+        else:
+            self.beyond.add(seq)
+        if self.per_worker and self._every and self.yielded % self._every == 0:
+            self.commit()
+
+    def dropped(self, seq: int) -> None:
+        """A batch fetched again on resume and dropped (it was handed out before)."""
+        if seq == self.prefix:
+            self.prefix += 1
+
+    def ended(self) -> None:
+        """The epoch ended: a state taken now resumes at the next epoch."""
+        if not self.finished:
+            self.finished = True
+            self.rng_after = self.cursor.streams.capture()
+
+    def commit(self) -> None:
+        if not self.per_worker:
+            return
+        self._snapshot = _Snapshot(
+            step=self.yielded,
+            prefix=self.prefix,
+            samples=self.cursor.samples_before(self.prefix),
+            main=self.cursor.state_at(self.prefix),
+            workers=tuple(self.worker_states),
+            last_worker=self.last_worker,
+            beyond=tuple(sorted(self.beyond)),
+        )
+
+    def _kept_from(self) -> int:
+        """Saved sampler states before this position are no longer needed."""
+        return self._snapshot.prefix if self._snapshot is not None else self.prefix
+
+    # --- the state ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        wait = self.settle() if self.settle is not None else None
+        if wait is not None:
+            wait()
+        if self.resumed_from is not None:
+            return copy.deepcopy(self.resumed_from)
+        snap = self._snapshot
+        if snap is None:  # exact at every step: written from the counts
+            snap = _Snapshot(
+                step=self.yielded,
+                prefix=self.prefix,
+                samples=self.cursor.samples_before(self.prefix),
+                main=self.cursor.state_at(self.prefix),
+                workers=tuple(self.worker_states),
+                last_worker=self.last_worker,
+                beyond=tuple(sorted(self.beyond)),
+            )
+        inline = None
+        if self.num_workers == 0:
+            inline = self.inline_state() if self.inline_state is not None else WorkerState()
+        return write(
+            Written(
+                num_workers=self.num_workers,
+                epoch=self.epoch,
+                finished=self.finished,
+                main=snap.main,
+                samples=snap.samples,
+                beyond=snap.beyond,
+                yielded=self.yielded,
+                snapshot_step=snap.step,
+                steps_since=self.yielded - snap.step,
+                base_seed=self.base_seed,
+                workers=snap.workers,
+                inline=inline,
+                last_worker=snap.last_worker,
+                skipped=tuple(self.history.skipped),
+                rng_after=self.rng_after,
+                dataset_len=_length(self.config),
+                iterable_len=self.history.iterable_len,
+                reseed=self.config.reseed,
+            )
+        )
+
+
+def _length(config: LoaderConfig) -> int | None:
+    if config.iterable:
+        return None
+    try:
+        return len(config.dataset)
+    except TypeError:
+        return None
+
+
+def per_worker_why(config: LoaderConfig) -> str:
+    """Why a state must resume with the worker count it was taken with."""
+    if config.iterable:
+        return "An iterable-style dataset is split among workers by its own code."
+    return (
+        f"The dataset {type(config.dataset).__name__} has state_dict()/load_state_dict(), "
+        "so its state is saved per worker."
+    )
