@@ -66,6 +66,10 @@ class SamplerCursor:
         self.rng_at_start = list(main.get("rng") or [])
         self.global_at_start = self._replay_global = main.get("global_rng")
 
+    def replay_first_draw(self, saved: str | None) -> None:
+        """The epoch's first draw uses torch's global RNG as ``saved`` holds it."""
+        self._replay_global = saved
+
     def restore_streams(self) -> None:
         if self.rng_at_start:  # a state torchdata wrote has none: they stay as they are
             self.streams.restore(self.rng_at_start)

@@ -16,6 +16,7 @@ from .batches import batch_size_of
 from .cursor import END, SamplerCursor
 from .pinning import pin_batch, pinning_enabled
 from .progress import Progress, per_worker_why
+from .rng import replayed_draw
 from .skips import SkipLedger, type_path
 from .state import ResumePoint
 
@@ -38,13 +39,23 @@ class InlineIterator:
         cursor = self._cursor = SamplerCursor(config)
         if finished and resume is not None and resume.rng_after:
             cursor.streams.restore(resume.rng_after)  # the next epoch draws as it would have
+        if finished and resume is not None and resume.workers:
+            # The dataset as it was when the epoch ended (before the next base seed).
+            load_into(config.dataset, resume.workers[0].dataset_state)
         # torch makes the sampler's iterator, then draws the base seed: the same order
         # consumes a shared generator identically.
         if mid is not None:
             cursor.reopen(mid.main)
         else:
             cursor.start()
-        base_seed = draw_base_seed(config.generator)
+        # A state taken after the epoch: the next epoch draws its seeds from torch's global
+        # RNG as it was then (samplers without a generator draw from it).
+        saved_global = resume.global_after if finished and resume is not None else None
+        base_seed, after = replayed_draw(
+            cursor.streams, saved_global, lambda: draw_base_seed(config.generator)
+        )
+        if mid is None:
+            cursor.replay_first_draw(after)
         if mid is not None:
             cursor.restore_streams()
             if mid.base_seed is not None:
@@ -59,8 +70,6 @@ class InlineIterator:
         self._epoch = history.next_epoch()
         self._skips = SkipLedger(history.skipped, config.policy)
         self._skips.start_epoch(self._epoch, config.epoch_samples())
-        if finished and resume is not None and resume.workers:
-            load_into(config.dataset, resume.workers[0].dataset_state)
         worker_state = mid.workers[0] if mid is not None and mid.num_workers == 0 else None
         self._runner = TaskRunner(
             config.dataset,
@@ -94,7 +103,6 @@ class InlineIterator:
                     break
                 self._num_yielded += 1
                 self.progress.handed_out(cursor.drawn - 1, -1, None)
-            self.progress.resumed_from = mid.raw
         else:
             self.progress.start_from(None)
 

@@ -64,6 +64,7 @@ from .book import (
 from .cursor import END, SamplerCursor
 from .pinning import pin_batch, pinning_enabled
 from .progress import Progress, per_worker_why
+from .rng import replayed_draw
 from .state import ResumePoint
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
@@ -129,7 +130,15 @@ class MultiprocessIterator:
         # it again per epoch: samplers that draw eagerly in __iter__ consume the RNG
         # in that order, so do the same.
         iter(config.index_sampler)
-        base_seed = draw_base_seed(config.generator)
+        # A state taken after the epoch: the next epoch draws its seeds from torch's
+        # global RNG as it was then (samplers without a generator draw from it).
+        saved_global = resume.global_after if finished and resume is not None else None
+        if config.persistent_workers:
+            base_seed, self._first_global = draw_base_seed(config.generator), saved_global
+        else:
+            base_seed, self._first_global = replayed_draw(
+                self._cursor.streams, saved_global, lambda: draw_base_seed(config.generator)
+            )
         if rng_after and config.persistent_workers:
             # Persistent workers drew no new seed for the next epoch: neither do we.
             self._cursor.streams.restore(rng_after)
@@ -167,6 +176,8 @@ class MultiprocessIterator:
                 reseed=config.reseed,
                 report_state=self._per_worker,
                 resume_state=restored[i] if restored is not None else None,
+                # Restored as the last epoch ended: the next epoch is a new one.
+                new_epoch_first=finished and restored is not None,
             )
             for i in range(config.num_workers)
         ]
@@ -266,6 +277,8 @@ class MultiprocessIterator:
                 self._unreported.clear()
         else:
             self._cursor.start()
+            self._cursor.replay_first_draw(self._first_global)
+            self._first_global = None
         self.progress.start_from(resume)
         self._book.start_epoch(
             epoch,
@@ -572,17 +585,14 @@ _NOTHING = object()  # a handed-out task with no batch to give the user
 
 
 def _worker_states(resume: ResumePoint | None, config: LoaderConfig) -> list[bytes | None] | None:
-    """What each new worker restores at start-up: its part of a mid-epoch state, or, for
-    persistent workers after a finished epoch, its dataset's state (the epoch's
-    iterator is a new one)."""
+    """What each new worker restores at start-up: its part of the state (persistent
+    workers after a finished epoch too: they then begin a new epoch, as they would
+    have in the run the state was taken in)."""
     if resume is None or not resume.workers:
         return None
-    if resume.finished:
-        if not config.persistent_workers:
-            return None  # new workers start from the dataset as it is
-        states = [WorkerState(w.dataset_state, iterable=w.iterable) for w in resume.workers]
-    else:
-        states = list(resume.workers)
+    if resume.finished and not config.persistent_workers:
+        return None  # new workers start from the dataset as it is
+    states = list(resume.workers)
     return [
         pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) if s.holds_state or s.ended else None
         for s in states

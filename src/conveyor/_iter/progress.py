@@ -131,6 +131,8 @@ class Progress:
         if not self.finished:
             self.finished = True
             self.rng_after = self.cursor.streams.capture()
+            if self.per_worker:
+                self.commit()  # each worker's state as the epoch ended, steps since: none
 
     def commit(self) -> None:
         if not self.per_worker:
@@ -188,6 +190,7 @@ class Progress:
                 last_worker=snap.last_worker,
                 skipped=tuple(self.history.skipped),
                 rng_after=self.rng_after,
+                global_after=self.cursor.streams.capture_global() if self.finished else None,
                 dataset_len=_length(self.config),
                 iterable_len=self.history.iterable_len,
                 reseed=self.config.reseed,

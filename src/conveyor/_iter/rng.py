@@ -19,7 +19,7 @@ import numpy as np
 from .. import _torch
 from ..sampling import _UsesGenerator
 
-__all__ = ["Streams"]
+__all__ = ["Streams", "replayed_draw"]
 
 
 class Streams:
@@ -64,18 +64,39 @@ class Streams:
 
     @contextlib.contextmanager
     def global_state(self, saved: str | None) -> Iterator[None]:
-        """Draw from torch's global RNG as it was when ``saved`` was taken, then give
-        the caller's own global state back: resuming must not change the user's RNG."""
+        """Draw from torch's global RNG as it was when ``saved`` was taken.
+
+        If the global RNG is elsewhere now, the caller's own state is given back
+        afterwards (resuming must not change what the training loop draws). If it
+        is already there (the user, or a dataset's own state, restored it), the
+        draw advances it exactly as it did in the run the state was taken in.
+        """
         torch = _torch.load()
         if saved is None or torch is None:
             yield
             return
         own = torch.get_rng_state()
-        torch.set_rng_state(_decode(saved))
+        state = _decode(saved)
+        if torch.equal(own, state):
+            yield
+            return
+        torch.set_rng_state(state)
         try:
             yield
         finally:
             torch.set_rng_state(own)
+
+
+def replayed_draw(streams: Streams, saved: str | None, draw: Any) -> tuple[Any, str | None]:
+    """``draw()`` with torch's global RNG as ``saved`` holds it; returns what was drawn and
+    the global state right after (what the epoch's first index draw then finds)."""
+    torch = _torch.load()
+    if saved is None or torch is None:
+        return draw(), None
+    with streams.global_state(saved):
+        value = draw()
+        after = _encode(torch.get_rng_state())
+    return value, after
 
 
 def _is_generator(obj: Any) -> bool:

@@ -56,6 +56,7 @@ class ResumePoint:
     last_worker: int
     skipped: tuple[SkippedSample, ...] = ()
     rng_after: list[Any] | None = None  # generator states when the epoch ended
+    global_after: str | None = None  # torch's global RNG when the state was taken (ended)
     raw: dict[str, Any] = field(default_factory=dict)  # the state as given
 
     @property
@@ -97,6 +98,7 @@ class Written:
     last_worker: int
     skipped: tuple[SkippedSample, ...]
     rng_after: list[Any] | None
+    global_after: str | None
     dataset_len: int | None
     iterable_len: int | None
     reseed: str
@@ -112,6 +114,7 @@ def write(w: Written) -> dict[str, Any]:
         "rng": copy.deepcopy(w.main.get("rng", [])),
         "global_rng": w.main.get("global_rng"),
         "rng_after": w.rng_after,
+        "global_after": w.global_after,
         "base_seed": w.base_seed,
         "skipped": [_skip_to_dict(s) for s in w.skipped],
         "dataset_len": w.dataset_len,
@@ -211,7 +214,9 @@ def _parse_inline(state: dict[str, Any], own: Any, iterable: bool) -> ResumePoin
     drawn = _need_int(state, "_sampler_iter_yielded", f"{where}['_sampler_iter_yielded']")
     yielded = _need_int(state, "_num_yielded", f"{where}['_num_yielded']")
     inline = _worker_state(state, where, iterable)
-    replay = yielded if iterable and not inline.holds_state else 0
+    replay = 0
+    if iterable and not inline.holds_state:  # run the epoch again, dropping what was out
+        replay, drawn, inline = yielded, 0, WorkerState(iterable=True)
     return _point(
         state,
         own,
@@ -248,12 +253,15 @@ def _parse_workers(state: dict[str, Any], own: Any, iterable: bool) -> ResumePoi
         _worker_state(snaps[worker_key(i)], f"state[...]['{worker_key(i)}']", iterable)
         for i in range(num_workers)
     )
-    drawn = _need_int(main, "_sampler_iter_yielded", "state[...]['_sampler_iter_yielded']")
     holds = any(w.holds_state for w in workers)
-    if iterable:
-        # Without a state of its own, an iterable dataset resumes by running again
-        # and dropping what was handed out; with one, only the steps since it.
-        replay = since if holds else step + since
+    drawn = _need_int(main, "_sampler_iter_yielded", "state[...]['_sampler_iter_yielded']")
+    if iterable and not holds:
+        # Without a state of its own, an iterable dataset resumes by running the epoch
+        # again from its start and dropping what was handed out.
+        replay, drawn, last = step + since, 0, -1
+        workers = tuple(WorkerState(iterable=True) for _ in workers)
+    elif iterable:
+        replay = since  # the iterators' states are those of the snapshot step
     elif holds:
         replay = since  # the datasets' states are those of the snapshot step
     else:
@@ -314,6 +322,7 @@ def _point(
         last_worker=last_worker,
         skipped=tuple(_skip_from(d) for d in own.get("skipped") or []),
         rng_after=own.get("rng_after"),
+        global_after=own.get("global_after"),
         raw=state,
     )
 

@@ -75,6 +75,7 @@ class WorkerSpec:
     reseed: str = "worker"  # see conveyor._reseed
     report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
+    new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
 
 
 def worker_main(
@@ -142,7 +143,8 @@ def worker_main(
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
     make_tensors_in_main(as_tensors)
     try:
-        _serve(spec, runner, tasks, results, Encoder(arena, arrays_as_tensors=as_tensors), status)
+        encoder = Encoder(arena, arrays_as_tensors=as_tensors)
+        _serve(spec, runner, tasks, results, encoder, status)
     finally:
         # The process ends with os._exit (no atexit): close what the dataset
         # opened with conveyor.per_worker now.
@@ -157,7 +159,9 @@ def _serve(
     encoder: Encoder,
     status: StatusWriter,
 ) -> None:
-    epoch: int | None = None  # the runner was made for the first epoch, whichever it is
+    # The runner was made for the first epoch, whichever it is (unless restored as an
+    # ended epoch left it).
+    epoch: int | None = -1 if spec.new_epoch_first else None
     while True:
         try:
             message: MainMessage = tasks.recv()
