@@ -299,7 +299,9 @@ class DataLoader:
             # set_start_method() after building the loader is honoured.
             config = dataclasses.replace(config, start_method=StartMethod.of(None))
         if self.num_workers > 0 and self._preflight_pending:
-            run_automatic(config)  # raises an ERROR before any worker starts, warns once
+            # Raises an ERROR before any worker starts, warns once, at the user's iter()
+            # (or state_dict()) line: four frames up.
+            run_automatic(config, stacklevel=4)
             self._preflight_pending = False
         resume, self._pending_state = self._pending_state, None
         if self.num_workers == 0:

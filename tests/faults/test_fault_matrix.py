@@ -301,22 +301,32 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
 def _raised(it: Any) -> BaseException:
     """``next(it)``'s exception, without its traceback: a failed assertion on it must not
     keep the iterator's frames (and its workers' memory maps) alive past the leak check."""
+    return _raised_by(lambda: next(it))
+
+
+def _raised_by(call: Any) -> BaseException:
     try:
-        next(it)
+        call()
     except Exception as exc:
         exc.__traceback__ = None
         return exc
-    raise AssertionError("next() did not raise")
+    raise AssertionError(f"{call} did not raise")
 
 
 @pytest.mark.parametrize(("start_method", "stage"), _raise_cells())
 def test_raise_keeps_its_type_and_says_where(start_method: str, stage: str) -> None:
-    it = iter(_loader("raise", stage, start_method))
-    received = [] if stage == "worker_init" else [_values(next(it))]
-    exc = _raised(it)
-    if stage != "worker_init":  # like torch, the loop goes on with the next batch
-        received += [_values(b) for b in it]
-    del it
+    loader = _loader("raise", stage, start_method)
+    received = []
+    if stage == "worker_init":
+        # iter() returns once every worker started (as torchdata's loader does), so a
+        # worker_init_fn error is raised there.
+        exc = _raised_by(lambda: iter(loader))
+    else:
+        it = iter(loader)
+        received.append(_values(next(it)))
+        exc = _raised(it)
+        received += [_values(b) for b in it]  # like torch, the loop goes on with the next batch
+        del it
 
     assert received == ([] if stage == "worker_init" else [ALL_INDICES[0], *ALL_INDICES[2:]])
     assert isinstance(exc, InjectedError), repr(exc)

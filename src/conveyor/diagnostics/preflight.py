@@ -122,7 +122,7 @@ def _automatic(target: _Target) -> list[Finding]:
     return list(_worst_first(findings))
 
 
-def run_automatic(config: LoaderConfig) -> None:
+def run_automatic(config: LoaderConfig, stacklevel: int = 3) -> None:
     """Raise the first ERROR the cheap checks find, else warn once per WARNING."""
     target = _from_config(config, None, None)
     findings = _automatic(target)
@@ -135,8 +135,8 @@ def run_automatic(config: LoaderConfig) -> None:
         if finding.severity is Severity.WARNING:
             warning = PreflightWarning(finding.message())
             warning.finding = finding
-            # stacklevel 3: the user's ``for batch in loader`` (via DataLoader.__iter__).
-            warnings.warn(warning, stacklevel=3)
+            # The caller says how deep the user's ``for batch in loader`` is.
+            warnings.warn(warning, stacklevel=stacklevel)
 
 
 # --- what to check ------------------------------------------------------------------
