@@ -63,6 +63,7 @@ class InlineIterator:
         if resume is not None and resume.epoch is not None:
             history.epochs_started = resume.epoch + (1 if finished else 0)
         self._base_seed = base_seed
+        self._done_before = mid.beyond if mid is not None else frozenset()
         self._pin = pinning_enabled(config)
         self._num_yielded = 0
         self._samples_yielded = 0
@@ -165,7 +166,7 @@ class InlineIterator:
             index = self._cursor.next()
             if index is END:
                 raise StopIteration
-            if seq in self.progress.beyond:
+            if seq in self._done_before:
                 continue  # handed out before the state was taken (in_order=False)
             outcome = self._run(index)
             match outcome:

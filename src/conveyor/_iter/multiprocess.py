@@ -265,6 +265,7 @@ class MultiprocessIterator:
         epoch = self._history.next_epoch()
         self.progress.epoch = epoch
         first_seq = first_worker = 0
+        self._done_before = resume.beyond if resume is not None else frozenset()
         if resume is not None:
             self._cursor.reopen(resume.main)
             self._cursor.restore_streams()
@@ -301,7 +302,7 @@ class MultiprocessIterator:
             if index is END:
                 self._book.sampler_ended()
                 return
-            if seq not in self.progress.beyond:
+            if seq not in self._done_before:
                 break
             self._book.skip_seq()  # handed out before the state was taken (in_order=False)
         task = self._book.add(

@@ -125,7 +125,16 @@ class WorkerPool:
         if not task.released and worker.pending_releases:
             # (Built directly: dataclasses.replace costs several µs, once per batch.)
             released = worker.take_releases()
-            task = Task(task.epoch, task.seq, task.index, released, task.trace, task.exclude)
+            task = Task(
+                task.epoch,
+                task.seq,
+                task.index,
+                released,
+                task.trace,
+                task.exclude,
+                task.first_sample,
+                task.want_state,
+            )
         try:
             worker.outbox.send(task)  # never blocks: see outbox.py
         except (BrokenPipeError, ConnectionResetError):
