@@ -75,16 +75,21 @@ class SamplerCursor:
             self.streams.restore(self.rng_at_start)
 
     def advance(self, main: dict[str, Any], drawn: int, samples: int | None) -> None:
-        """Move past the ``drawn`` outputs already consumed when ``main`` was taken."""
+        """Move past the ``drawn`` outputs already consumed: restore the sampler's own
+        state where it has one (that state is at ``_sampler_iter_yielded``), and draw
+        and drop the rest."""
+        at = main.get("_sampler_iter_yielded")
+        at = drawn if not isinstance(at, int) else min(at, drawn)
         iter_state = main.get("_sampler_iter_state")
         if iter_state is not None and is_stateful(self._iter):
             with self._first_draw():
                 self._iter.load_state_dict(iter_state)  # type: ignore[attr-defined]
-            self.drawn = drawn
+            self.drawn = at
         elif main.get("_index_sampler_state") is not None and is_stateful(self._sampler):
-            self.drawn = drawn  # the sampler's own state put it there
+            self.drawn = at  # the sampler's own state put it there
         else:
-            self.skip(drawn)
+            at = 0
+        self.skip(drawn - at)
         if samples is not None:
             self.samples_drawn = samples
 
