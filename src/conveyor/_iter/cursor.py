@@ -42,6 +42,7 @@ class SamplerCursor:
         self._before: dict[int, dict[str, Any]] = {}  # seq -> sampler states before it
         self._samples_before: dict[int, int] = {}
         self._taken = False  # the streams were saved for this epoch
+        self._low = 0
 
     # --- an epoch ------------------------------------------------------------------
     #
@@ -99,6 +100,7 @@ class SamplerCursor:
         self.drawn = self.samples_drawn = 0
         self._before.clear()
         self._samples_before.clear()
+        self._low = 0  # positions below this are forgotten
         self._replay_global = None
 
     def skip(self, count: int) -> None:
@@ -117,8 +119,11 @@ class SamplerCursor:
         if self._stateful:
             self._before[seq] = self._states()
         self._samples_before[seq] = self.samples_drawn
-        with self._first_draw():
+        if self._replay_global is None:
             value = next(self._iter, END)
+        else:
+            with self._first_draw():
+                value = next(self._iter, END)
         if value is END:
             return END
         self.drawn += 1
@@ -163,9 +168,12 @@ class SamplerCursor:
 
     def forget_before(self, seq: int) -> None:
         """Outputs before ``seq`` are delivered: their saved states are not needed."""
-        for old in [s for s in self._samples_before if s < seq]:
-            self._before.pop(old, None)
-            del self._samples_before[old]
+        low, kept = self._low, self._samples_before
+        while low < seq:  # positions are consecutive: one pop each, no scan
+            kept.pop(low, None)
+            self._before.pop(low, None)
+            low += 1
+        self._low = low
 
     def _keeps_state(self) -> bool:
         if isinstance(self._iter, BatchIterator):
