@@ -48,7 +48,7 @@ def test_a_missing_key_is_named() -> None:
 
 
 def test_neither_layout_is_named() -> None:
-    with pytest.raises(StateError, match="neither 'dataset_state'.*nor '_snapshot'"):
+    with pytest.raises(StateError, match=r"neither 'dataset_state'.*nor '_snapshot'"):
         DataLoader(Draws(12)).load_state_dict({"epoch": 3})
 
 
@@ -76,7 +76,7 @@ def test_an_iterable_dataset_resumes_only_with_its_worker_count() -> None:
     state = _state(num_workers=0, dataset=Counting())
     loader = DataLoader(Counting(), batch_size=2, num_workers=2)
     loader.load_state_dict(state)  # accepted: the count is checked where torchdata checks it
-    with pytest.raises(WorkerCountError, match="num_workers=0 .* num_workers=2") as info:
+    with pytest.raises(WorkerCountError, match=r"num_workers=0 .* num_workers=2") as info:
         iter(loader)
     assert isinstance(info.value, AssertionError) and isinstance(info.value, ValueError)
     assert "Fix: use num_workers=0" in str(info.value)
