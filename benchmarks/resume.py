@@ -73,8 +73,18 @@ def state_table(samples: int, workers: int) -> list[str]:
     ]
 
 
-def _rate(make: Callable[[], Any], window: WindowSpec, repeat: int) -> float:
-    return statistics.median(measure_throughput(make, window).samples_per_s for _ in range(repeat))
+def _rates(
+    variants: dict[str, Callable[[], Any]], window: WindowSpec, repeat: int
+) -> dict[str, float]:
+    """Each variant's median samples/s; rounds alternate which variant goes first, so
+    a slow spell of a shared machine does not land on one variant only."""
+    runs: dict[str, list[float]] = {label: [] for label in variants}
+    labels = list(variants)
+    for round_ in range(repeat):
+        shift = round_ % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            runs[label].append(measure_throughput(variants[label], window).samples_per_s)
+    return {label: statistics.median(values) for label, values in runs.items()}
 
 
 def throughput_table(quick: bool, repeat: int) -> list[str]:
@@ -106,7 +116,7 @@ def throughput_table(quick: bool, repeat: int) -> list[str]:
                 variants["own state, snapshot every 0"] = make(
                     data=stateful, snapshot_every_n_steps=0
                 )
-            rates = {label: _rate(f, window, repeat) for label, f in variants.items()}
+            rates = _rates(variants, window, repeat)
             base = rates["conveyor"]
             for label, value in rates.items():
                 rows.append(
