@@ -43,8 +43,15 @@ def _samples(reseed: str, num_workers: int, batch_size: int = 4, **kwargs: Any) 
     return found
 
 
-@pytest.mark.parametrize("reseed", ["batch", "sample"])
-@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize(
+    ("reseed", "in_order"),
+    [
+        ("batch", True),
+        ("sample", False),
+        pytest.param("batch", False, marks=pytest.mark.slow),
+        pytest.param("sample", True, marks=pytest.mark.slow),
+    ],
+)
 def test_draws_do_not_depend_on_the_worker_count(reseed: str, in_order: bool) -> None:
     inline = _samples(reseed, 0)
     for workers in (1, 2, 3):

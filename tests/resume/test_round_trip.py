@@ -47,8 +47,20 @@ def _round_trip(
     assert_same(expected, got, in_order)
 
 
-@pytest.mark.parametrize("step", list(STEPS))
-@pytest.mark.parametrize(("workers", "resumed_workers"), [(0, 0), (0, 2), (2, 0), (1, 3), (3, 1)])
+def _table() -> list[Any]:
+    """Every step for every pair of worker counts; the default run takes the middle and
+    the epoch boundary for three pairs, ``-m slow`` the rest."""
+    pairs = [(0, 0), (0, 2), (2, 0), (1, 3), (3, 1)]
+    cases = []
+    for workers, resumed in pairs:
+        for step in STEPS:
+            quick = step in ("middle", "boundary") and (workers, resumed) in pairs[1:4]
+            marks = () if quick else (pytest.mark.slow,)
+            cases.append(pytest.param(workers, resumed, step, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("workers", "resumed_workers", "step"), _table())
 def test_resume_at_any_step_with_any_worker_count(
     workers: int, resumed_workers: int, step: str
 ) -> None:
