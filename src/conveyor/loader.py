@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from . import _torch
 from . import collate as _collate
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
@@ -37,7 +38,17 @@ _FROZEN_AFTER_INIT = frozenset(
 )
 
 
-class DataLoader:
+_torch_module = _torch.load()
+# With torch installed, conveyor's loader *is* a torch DataLoader to every isinstance
+# check (Lightning, accelerate and others treat other iterables as opaque and, under
+# DDP, would not shard them). Nothing of torch's implementation runs: every method
+# and property torch's class has is defined here.
+_BASES: tuple[type, ...] = (
+    (_torch_module.utils.data.DataLoader,) if _torch_module is not None else ()
+)
+
+
+class DataLoader(*_BASES):  # type: ignore[misc]
     """Iterate over ``dataset`` in batches, optionally with worker processes.
 
     A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments,
@@ -118,18 +129,25 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context  # validated by the setter
         self.in_order = in_order
-        # conveyor's own options (keyword-only; see SupervisionPolicy).
-        self._policy = SupervisionPolicy(
+        # conveyor's own options (keyword-only; see SupervisionPolicy). Public, under
+        # their parameters' names, as torch's are: frameworks that rebuild a loader
+        # from its attributes (Lightning injecting a DistributedSampler) keep them.
+        SupervisionPolicy(  # checked now, so a bad value fails here
             max_worker_restarts=max_worker_restarts,
             on_error=on_error,
             max_errors=max_errors,
             stall_warning=stall_warning,
             on_timeout=on_timeout,
         )
+        self.max_worker_restarts = max_worker_restarts
+        self.on_error = on_error
+        self.max_errors = max_errors
+        self.stall_warning = stall_warning
+        self.on_timeout = on_timeout
         if not isinstance(preflight, bool):
             raise ConfigError(f"preflight must be True or False, got {preflight!r}")
-        self._preflight = preflight
-        self._reseed = check_reseed(reseed)
+        self.preflight = preflight
+        self.reseed = check_reseed(reseed)
         every = snapshot_every_n_steps
         if every is None:
             every = 0
@@ -241,9 +259,15 @@ class DataLoader:
             pin_memory=self.pin_memory,
             pin_memory_device=self.pin_memory_device,
             start_method=StartMethod.of(self._multiprocessing_context),
-            policy=self._policy,
-            preflight=self._preflight,
-            reseed=self._reseed,
+            policy=SupervisionPolicy(
+                max_worker_restarts=self.max_worker_restarts,
+                on_error=self.on_error,
+                max_errors=self.max_errors,
+                stall_warning=self.stall_warning,
+                on_timeout=self.on_timeout,
+            ),
+            preflight=self.preflight,
+            reseed=check_reseed(self.reseed),
             snapshot_every_n_steps=self.snapshot_every_n_steps,
         )
 

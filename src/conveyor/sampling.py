@@ -123,6 +123,16 @@ def _multinomial(rng: Any, weights: Any, num_samples: int, replacement: bool) ->
     return cast(list[int], np.argsort(-keys, kind="stable")[:num_samples].tolist())
 
 
+def _torch_twin(name: str) -> tuple[type, ...]:
+    """torch's class of that name, as an extra base when torch is here: code that checks
+    ``isinstance(sampler, torch.utils.data.RandomSampler)`` (Lightning deciding whether
+    a loader shuffles, for one) sees conveyor's samplers as torch's. Nothing of it is
+    inherited that conveyor does not define itself."""
+    if torch is None:
+        return ()
+    return (getattr(torch.utils.data, name),)
+
+
 class _UsesGenerator:
     """Holds ``generator`` as the user gave it, plus the checked RNG to draw from."""
 
@@ -142,7 +152,7 @@ class _UsesGenerator:
 # --- samplers ---------------------------------------------------------------
 
 
-class Sampler(Generic[_T_co]):
+class Sampler(*_torch_twin("Sampler"), Generic[_T_co]):  # type: ignore[misc]
     """Base class: subclasses yield dataset indices (or batches of them) from ``__iter__``.
 
     ``__len__`` is deliberately not defined here, so that ``len()`` on a
@@ -153,7 +163,7 @@ class Sampler(Generic[_T_co]):
         raise NotImplementedError
 
 
-class SequentialSampler(Sampler[int]):
+class SequentialSampler(*_torch_twin("SequentialSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields ``0, 1, ..., len(data_source) - 1``."""
 
     data_source: Sized
@@ -168,7 +178,7 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
-class RandomSampler(_UsesGenerator, Sampler[int]):
+class RandomSampler(_UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields indices of ``data_source`` in random order.
 
     Without replacement, ``num_samples`` indices are taken from successive
@@ -230,7 +240,11 @@ class RandomSampler(_UsesGenerator, Sampler[int]):
         return self.num_samples
 
 
-class SubsetRandomSampler(_UsesGenerator, Sampler[int]):
+class SubsetRandomSampler(
+    _UsesGenerator,
+    *_torch_twin("SubsetRandomSampler"),  # type: ignore[misc]
+    Sampler[int],
+):
     """Yields the elements of ``indices`` in random order."""
 
     indices: Sequence[int]
@@ -247,7 +261,11 @@ class SubsetRandomSampler(_UsesGenerator, Sampler[int]):
         return len(self.indices)
 
 
-class WeightedRandomSampler(_UsesGenerator, Sampler[int]):
+class WeightedRandomSampler(
+    _UsesGenerator,
+    *_torch_twin("WeightedRandomSampler"),  # type: ignore[misc]
+    Sampler[int],
+):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability ∝ its weight.
 
     ``weights`` is kept as a float64 ``torch.Tensor`` when torch is installed
@@ -294,7 +312,7 @@ class WeightedRandomSampler(_UsesGenerator, Sampler[int]):
         return self.num_samples
 
 
-class BatchSampler(Sampler[list[int]]):
+class BatchSampler(*_torch_twin("BatchSampler"), Sampler[list[int]]):  # type: ignore[misc]
     """Groups the indices of ``sampler`` (any iterable) into lists of ``batch_size``.
 
     The last, shorter batch is kept unless ``drop_last`` is True.
