@@ -6,10 +6,13 @@ ones still there, wait, SIGKILL. Shared memory is dropped only afterwards.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import os
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from types import FrameType
 from typing import Any
 
@@ -91,7 +95,8 @@ class WorkerPool:
         # The serialized objects, kept until every worker has loaded them (then
         # freed: a 1 GiB dataset would cost 1 GiB of shared memory for the run);
         # a replacement worker gets them serialized again.
-        self._setup = _serialize_once(user, start_method) if start_method.pickles_objects else None
+        self._setup: int | None = None
+        self._each_start = False  # they must be pickled with each worker's start instead
         self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
         try:
@@ -102,8 +107,9 @@ class WorkerPool:
             raise
 
     def _start(self, spec: WorkerSpec) -> _Worker:
-        if self._method.pickles_objects and self._setup is None:
+        if self._method.pickles_objects and self._setup is None and not self._each_start:
             self._setup = _serialize_once(self._user, self._method)
+            self._each_start = self._setup is None
         self._loading.add(spec.worker_id)
         return _start_worker(
             self._context, self._method, spec, self._user, self._setup, self._preload
@@ -386,10 +392,19 @@ def _release(worker: _Worker) -> None:
     worker.process.close()
 
 
-def _serialize_once(user: UserObjects, start_method: StartMethod) -> int:
-    """Cloudpickle the user's objects into a memfd that every worker reads."""
+def _serialize_once(user: UserObjects, start_method: StartMethod) -> int | None:
+    """Cloudpickle the user's objects into a memfd that every worker reads.
+
+    None when they hold multiprocessing objects (a ``Lock``, a ``Value``) that pickle
+    only while a process is being spawned: they then travel with each worker's start,
+    as torch sends its dataset (see :class:`PickledWhileSpawning`)."""
+    _pickle_main_by_value()
     try:
         data = cloudpickle.dumps(user)
+    except RuntimeError as exc:
+        if "through inheritance" in str(exc):
+            return None
+        raise _explain(user, exc, start_method) from exc
     except Exception as exc:
         raise _explain(user, exc, start_method) from exc
     fd = os.memfd_create("conveyor-setup", os.MFD_CLOEXEC)
@@ -398,6 +413,40 @@ def _serialize_once(user: UserObjects, start_method: StartMethod) -> int:
         written = os.write(fd, view)
         view = view[written:]
     return fd
+
+
+def _pickle_main_by_value() -> None:
+    """In a process that was itself spawned (Lightning's ddp_spawn,
+    torch.multiprocessing.spawn), the parent's script runs as ``__mp_main__``; our
+    workers do not run it again, so what it defines travels by value, as cloudpickle
+    sends what ``__main__`` defines."""
+    main = sys.modules.get("__main__")
+    if main is not None and main.__name__ == "__mp_main__":
+        cloudpickle.register_pickle_by_value(main)
+
+
+class PickledWhileSpawning:
+    """The user's objects, cloudpickled when ``Process.start`` pickles the worker's
+    arguments: multiprocessing's locks and shared values accept to be pickled only
+    then (and a shared value passes its file descriptor to that one child)."""
+
+    def __init__(self, user: UserObjects) -> None:
+        self.user = user
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        buffer = io.BytesIO()
+        _SpawningPickler(buffer).dump(self.user)
+        return (cloudpickle.loads, (buffer.getvalue(),))
+
+
+class _SpawningPickler(cloudpickle.CloudPickler):
+    """cloudpickle, plus the reducers multiprocessing registers for its own objects
+    (a shared value's memory travels as a file descriptor passed to the child)."""
+
+    dispatch_table = collections.ChainMap(
+        ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        cloudpickle.CloudPickler.dispatch_table,
+    )
 
 
 def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> Exception:
@@ -427,8 +476,13 @@ def _start_worker(
     mark_starting(arena.status_page)
     stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(stack_writer, True)
-    payload: UserObjects | InheritedFd
-    payload = user if setup_fd is None else InheritedFd(os.dup(setup_fd))
+    payload: UserObjects | InheritedFd | PickledWhileSpawning
+    if setup_fd is not None:
+        payload = InheritedFd(os.dup(setup_fd))
+    elif method.pickles_objects:
+        payload = PickledWhileSpawning(user)
+    else:
+        payload = user
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
         args=(

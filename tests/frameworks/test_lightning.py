@@ -1,0 +1,74 @@
+"""Lightning trains on conveyor's loader as on torch's: the same order on one device,
+each rank exactly torch's shard under DDP, and conveyor's options kept when Lightning
+rebuilds the loader to inject its DistributedSampler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+L = pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
+
+from conveyor import DataLoader as ConveyorDataLoader  # noqa: E402
+
+from .lightning_ddp import Model  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+SCRIPT = Path(__file__).with_name("lightning_ddp.py")
+
+
+def _fit(loader: str, tmp_path: Path) -> list[int]:
+    torch.manual_seed(0)
+    model = Model(loader, str(tmp_path / loader))
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model)
+    assert isinstance(trainer.train_dataloader, ConveyorDataLoader) == (loader == "conveyor")
+    return model.seen
+
+
+def test_one_device_sees_torchs_order(tmp_path: Path) -> None:
+    assert _fit("conveyor", tmp_path) == _fit("torch", tmp_path)
+
+
+def _ranks(loader: str, strategy: str, tmp_path: Path) -> list[dict[str, Any]]:
+    out = tmp_path / f"{loader}-{strategy}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run(
+        [sys.executable, "-W", "ignore", str(SCRIPT), loader, str(out), strategy],
+        check=True,
+        env=env,
+        timeout=240,
+        capture_output=True,
+    )
+    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_each_ddp_rank_gets_torchs_shard(strategy: str, tmp_path: Path) -> None:
+    torch_ranks = _ranks("torch", strategy, tmp_path)
+    ranks = _ranks("conveyor", strategy, tmp_path)
+    for ours, theirs in zip(ranks, torch_ranks, strict=True):
+        assert ours["seen"] == theirs["seen"]  # the same shard, in the same order
+        assert ours["module"] == "conveyor.loader"  # conveyor's loader did the loading
+        assert (ours["on_error"], ours["max_worker_restarts"]) == ("skip", 5)  # kept
+    assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == list(range(32))
