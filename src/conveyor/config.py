@@ -196,6 +196,7 @@ class LoaderHistory:
     skipped: list[SkippedSample] = field(default_factory=list)
     last_statistics: LoaderStatistics | None = None
     iterable_len: int | None = None  # len(dataset) as reported to len(loader), iterable-style
+    warned_duplicates: bool = False  # a DuplicateDataWarning was given (once per loader)
 
     def next_epoch(self) -> int:
         self.epochs_started += 1

@@ -30,7 +30,8 @@ Warnings (the loader keeps going)::
     ├── WorkerRestartedWarning                a worker died; it was replaced and its tasks re-sent
     ├── WorkerStallWarning                    a task runs far longer than usual: its stack
     ├── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
-    └── PreflightWarning                      a hazard found before the workers started: the fix
+    ├── PreflightWarning                      a hazard found before the workers started: the fix
+    └── DuplicateDataWarning                  every rank, or every worker, would see the same data
 
 Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
 ``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
@@ -55,6 +56,7 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
+    "DuplicateDataWarning",
     "PrefetchFactorError",
     "PreflightWarning",
     "SharedMemoryExhaustedError",
@@ -96,6 +98,12 @@ class PreflightWarning(ConveyorWarning):
     """
 
     finding: Any = None  # the conveyor.Finding: code, severity, where, what, why, fix
+
+
+class DuplicateDataWarning(ConveyorWarning):
+    """Data would be seen several times over without an error: ``torch.distributed``
+    runs several ranks but the sampler does not shard, or an iterable dataset's
+    workers all produce the same stream (torch says nothing in either case)."""
 
 
 class ConveyorError(Exception):

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import _torch
 from . import collate as _collate
+from ._iter.duplicates import unsharded_ranks
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
@@ -27,7 +28,7 @@ from .config import LoaderConfig, LoaderHistory, StartMethod, SupervisionPolicy
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
-from .errors import ConfigError, PrefetchFactorError
+from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
@@ -328,6 +329,12 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             run_automatic(config, stacklevel=4)
             self._preflight_pending = False
         resume, self._pending_state = self._pending_state, None
+        if not self._history.warned_duplicates:
+            text = unsharded_ranks(config)
+            if text is not None:
+                self._history.warned_duplicates = True
+                # At the user's iter() (or state_dict()) line: three frames up.
+                warnings.warn(text, DuplicateDataWarning, stacklevel=3)
         if self.num_workers == 0:
             iterator = InlineIterator(config, self._history, resume)
         elif self.prefetch_factor == 0:

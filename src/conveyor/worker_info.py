@@ -25,11 +25,19 @@ class WorkerInfo:
 
 
 _current: WorkerInfo | None = None
+_consulted = False  # the dataset asked (ours or torch's getter): it probably shards
 
 
 def get_worker_info() -> WorkerInfo | None:
     """The :class:`WorkerInfo` of this worker, or None in the main process."""
+    global _consulted
+    _consulted = True
     return _current
+
+
+def consulted() -> bool:
+    """Whether code in this worker called ``get_worker_info()`` (conveyor's or torch's)."""
+    return _consulted
 
 
 def set_worker_info(info: WorkerInfo) -> None:
@@ -46,5 +54,15 @@ def set_worker_info(info: WorkerInfo) -> None:
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
         )
+        torch_getter = torch_worker.get_worker_info
+
+        def get_worker_info() -> Any:
+            global _consulted
+            _consulted = True
+            return torch_getter()
+
+        # Asking is what a sharding dataset does: note it (DuplicateDataWarning).
+        torch_worker.get_worker_info = get_worker_info
+        torch.utils.data.get_worker_info = get_worker_info
 
     _torch.on_import(install)

@@ -39,6 +39,7 @@ from .._workers.status import WorkerStatus
 from ..config import LoaderConfig, LoaderHistory, StartMethod
 from ..errors import (
     BatchesHeldWarning,
+    DuplicateDataWarning,
     WorkerContext,
     WorkerRestartedWarning,
     WorkerStallWarning,
@@ -62,6 +63,7 @@ from .book import (
     Wait,
 )
 from .cursor import END, SamplerCursor
+from .duplicates import StreamCheck
 from .pinning import pin_batch, pinning_enabled
 from .progress import Progress, per_worker_why
 from .rng import replayed_draw
@@ -188,6 +190,9 @@ class MultiprocessIterator:
         # Each worker's state at the start of the epoch still to be heard (per-worker state).
         self._unreported: set[int] = set(range(config.num_workers)) if self._per_worker else set()
         self._not_ready = set(range(config.num_workers))
+        self._streams: StreamCheck | None = None  # iterable datasets: do workers shard?
+        if config.iterable and config.num_workers > 1 and not history.warned_duplicates:
+            self._streams = StreamCheck()
         self.progress = self._new_progress()
         try:
             self._start_epoch(self._resume)
@@ -410,7 +415,18 @@ class MultiprocessIterator:
             )
             raise _TaskError(attach_worker_context(exc, context)) from None
         self._book.delivered(entry, batch_size_of(batch))
+        asked = getattr(entry.reply, "asked_worker_info", None)
+        if asked is False and self._streams is not None:
+            self._check_stream(entry.worker_id, batch)
         return pin_batch(batch) if self._pin else batch
+
+    def _check_stream(self, worker_id: int, batch: Any) -> None:
+        assert self._streams is not None
+        text = self._streams.first_batch(worker_id, batch)
+        if text is not None and not self._history.warned_duplicates:
+            self._history.warned_duplicates = True
+            self._streams = None
+            warnings.warn(text, DuplicateDataWarning, stacklevel=5)
 
     def _pid(self, worker_id: int) -> int | None:
         return self._pool.pids()[worker_id]

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .. import _torch
+from .. import _torch, worker_info
 from .._compat import assert_never
 from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
@@ -162,6 +162,7 @@ def _serve(
     # The runner was made for the first epoch, whichever it is (unless restored as an
     # ended epoch left it).
     epoch: int | None = -1 if spec.new_epoch_first else None
+    first_of_epoch = True
     while True:
         try:
             message: MainMessage = tasks.recv()
@@ -174,6 +175,7 @@ def _serve(
                 encoder.arena.release(message.released)
                 epoch_state = None
                 if message.epoch != epoch:
+                    first_of_epoch = True
                     if epoch is not None:
                         runner.new_epoch()
                         if spec.report_state:
@@ -188,6 +190,9 @@ def _serve(
                 if message.want_state or epoch_state is not None:
                     state = _pickled_state(runner) if message.want_state else None
                     reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
+                if spec.iterable and first_of_epoch and isinstance(reply, BatchDone):
+                    first_of_epoch = False
+                    reply = dataclasses.replace(reply, asked_worker_info=worker_info.consulted())
                 status.idle()
                 try:
                     results.send(reply)

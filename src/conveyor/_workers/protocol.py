@@ -78,6 +78,7 @@ class BatchDone:
     busy_s: float = 0.0  # the worker's own time on this task, start to reply
     state: bytes | None = None  # the dataset's state after it (Task.want_state)
     epoch_state: bytes | None = None  # its state when this epoch began (first task only)
+    asked_worker_info: bool | None = None  # iterable datasets, first batch of an epoch
 
 
 @dataclass(frozen=True)
