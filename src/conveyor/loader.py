@@ -69,6 +69,17 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     """
 
     _initialized = False
+    # conveyor's own keyword-only options, each kept as a public attribute of that name.
+    conveyor_options = (
+        "max_worker_restarts",
+        "on_error",
+        "max_errors",
+        "stall_warning",
+        "on_timeout",
+        "preflight",
+        "snapshot_every_n_steps",
+        "reseed",
+    )
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
 

@@ -1,0 +1,1 @@
+"""Glue for frameworks that need more than ``isinstance(loader, DataLoader)``."""
