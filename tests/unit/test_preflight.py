@@ -668,20 +668,42 @@ def test_check_does_not_fix_the_default_start_method() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_known_tool_threads_are_not_reported() -> None:
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("multiprocessing.queues", "QueueFeederThread"),  # multiprocessing.Queue's feeder
+        # Lightning's _ChildProcessObserver under strategy="ddp": the framework's, not the
+        # user's hazard.
+        ("lightning.fabric.strategies.launchers.subprocess_script", "child-process-observer"),
+    ],
+)
+def test_known_tool_threads_are_not_reported(module: str, name: str) -> None:
     stop = threading.Event()
 
     def _feed() -> None:
         stop.wait()
 
-    _feed.__module__ = "multiprocessing.queues"  # as multiprocessing.Queue's feeder thread
-    feeder = threading.Thread(target=_feed, name="QueueFeederThread", daemon=True)
+    _feed.__module__ = module
+    feeder = threading.Thread(target=_feed, name=name, daemon=True)
     feeder.start()
     try:
         assert fork_hazards.running_threads() == []
     finally:
         stop.set()
         feeder.join()
+
+
+def test_a_thread_subclass_is_known_by_its_class_module() -> None:
+    stop = threading.Event()
+    observer_class = type("_ChildProcessObserver", (threading.Thread,), {})
+    observer_class.__module__ = "lightning.fabric.strategies.launchers.subprocess_script"
+    observer = observer_class(target=stop.wait, name="child-process-observer", daemon=True)
+    observer.start()
+    try:
+        assert fork_hazards.running_threads() == []
+    finally:
+        stop.set()
+        observer.join()
 
 
 def test_preflight_option_is_strict_and_idle_without_workers(binary_file: Any) -> None:

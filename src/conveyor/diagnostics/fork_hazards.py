@@ -49,9 +49,13 @@ __all__ = [
 
 # Threads of the tools around a program (notebook kernels, debuggers, test runners, tqdm's
 # monitor) and multiprocessing's queue feeders (whose locks it resets after a fork).
+# Threads of tools and training frameworks (Lightning's child-process observer,
+# accelerate's, torch.distributed's): the user did not start them and cannot stop them.
 _KNOWN_THREAD_MODULES = (
     "conveyor", "multiprocessing.queues", "ipykernel", "IPython", "zmq", "jupyter_client",
     "debugpy", "pydevd", "_pydevd", "_pydevd_bundle", "_pytest", "pytest_timeout", "tqdm",
+    "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "torch.distributed",
+    "huggingface_hub", "datasets",
 )  # fmt: skip
 
 
