@@ -161,3 +161,25 @@ def test_mapped_slots_hold_no_file_descriptor() -> None:
                 per_worker.subtract(before)
     assert len(kept) == 100
     assert per_worker and max(per_worker.values()) <= 2, per_worker
+
+
+class _Nested:
+    """Samples that are nested tensors (ragged rows), as torch's own suite sends them."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        return torch.nested.nested_tensor([torch.arange(i + 1.0), torch.ones(2)])
+
+
+@pytest.mark.torch
+def test_nested_tensors_cross_as_torch_sends_them() -> None:
+    torch = pytest.importorskip("torch")
+    ours = list(conveyor.DataLoader(_Nested(), batch_size=None, num_workers=2))
+    theirs = list(torch.utils.data.DataLoader(_Nested(), batch_size=None, num_workers=2))
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.is_nested
+        assert [t.tolist() for t in a.unbind()] == [t.tolist() for t in b.unbind()]

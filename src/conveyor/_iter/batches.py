@@ -9,6 +9,8 @@ def batch_size_of(batch: Any) -> int:
     """Samples in a collated batch, best effort (for statistics only)."""
     node = batch
     for _ in range(8):
+        if getattr(node, "is_nested", False):  # a nested tensor has no shape: its length
+            return int(node.size(0))
         shape = getattr(node, "shape", None)
         if shape is not None:
             return int(shape[0]) if len(shape) else 1

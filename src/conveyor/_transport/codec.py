@@ -75,6 +75,8 @@ class _BatchPickler(pickle.Pickler):
     def _reduce_tensor(self, t: Any, torch: Any) -> Any:
         if t.device.type != "cpu" or t.layout != torch.strided or t.requires_grad:
             return NotImplemented
+        if t.is_nested:  # no single storage view: pickled as torch pickles it
+            return NotImplemented
         if t.is_quantized:
             return NotImplemented
         t = t.resolve_conj().resolve_neg()  # lazy conj/neg bits have no NumPy form
