@@ -180,6 +180,7 @@ class _Nested:
 
 
 @pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
 def test_nested_tensors_cross_as_torch_sends_them() -> None:
     torch = pytest.importorskip("torch")
     ours = list(conveyor.DataLoader(_Nested(), batch_size=None, num_workers=2))
