@@ -401,3 +401,17 @@ def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None
     assert done.returncode == 0, done.stderr
     left = json.loads(done.stdout.strip().splitlines()[-1])
     assert left == {"caught": 1, "alive": [], "memfds": 0}, done.stderr
+
+
+def test_iterator_workers_are_real_process_handles(start_method: str) -> None:
+    """``it._workers``, which code written for torch reaches for, tells the truth about
+    the worker processes, before and after conveyor shut them down."""
+    it = iter(DataLoader(list(range(8)), num_workers=2, multiprocessing_context=start_method))
+    next(it)
+    workers = it._workers
+    assert [w.is_alive() for w in workers] == [True, True]
+    assert all(psutil.pid_exists(w.pid) for w in workers)
+    del it
+    for worker in workers:
+        worker.join(10)
+    assert [(w.is_alive(), w.exitcode) for w in workers] == [(False, 0), (False, 0)]

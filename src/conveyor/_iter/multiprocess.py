@@ -250,6 +250,13 @@ class MultiprocessIterator:
     def statistics(self) -> LoaderStatistics:
         return self._book.statistics(time.monotonic(), self._pool.pids())
 
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes, as torch's iterator exposes them (tests and tools reach
+        for ``it._workers``): real ``pid``, ``is_alive()``, ``join()``, ``exitcode``."""
+        handles = getattr(self._pool, "handles", None)
+        return handles() if handles is not None else []
+
     def _new_progress(self, worker_states: list[WorkerState] | None = None) -> Progress:
         progress = Progress(
             config=self._config,

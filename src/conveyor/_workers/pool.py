@@ -42,6 +42,42 @@ STOP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 1.0
 
 
+class WorkerHandle:
+    """One worker process as code written for torch reaches it (``iterator._workers``):
+    ``pid``, ``is_alive()``, ``join()``, ``exitcode``, ``terminate()``, ``kill()``,
+    true of the real process, also after conveyor has shut it down and let go of it."""
+
+    def __init__(self, process: BaseProcess) -> None:
+        self._process: BaseProcess | None = process
+        self.pid = process.pid
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode if self._process is not None else self._exitcode
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._process is not None:
+            self._process.join(timeout)
+
+    def terminate(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+
+    def kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+
+    def _released(self) -> None:
+        """The process has exited and conveyor closes its object: keep what it said."""
+        if self._process is not None:
+            self._exitcode = self._process.exitcode
+            self._process = None
+
+
 @dataclass
 class _Worker:
     """The main process's handle on one worker process (one incarnation of a worker id)."""
@@ -55,10 +91,12 @@ class _Worker:
     decoder: Decoder = field(init=False)
     outbox: Outbox = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
+    handle: WorkerHandle = field(init=False)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
         self.outbox = Outbox(self.tasks.fileno())
+        self.handle = WorkerHandle(self.process)
 
     @property
     def pid(self) -> int | None:
@@ -253,6 +291,10 @@ class WorkerPool:
 
     # --- life and death -------------------------------------------------------------
 
+    def handles(self) -> list[WorkerHandle]:
+        """The current worker processes, for ``iterator._workers``."""
+        return [worker.handle for worker in self._workers]
+
     def replace(self, worker_id: int) -> None:
         """Start a new worker in place of a dead one (same id, same seed)."""
         old = self._workers[worker_id]
@@ -389,6 +431,7 @@ def _release(worker: _Worker) -> None:
     if worker.stacks >= 0:
         os.close(worker.stacks)
         worker.stacks = -1
+    worker.handle._released()
     worker.process.close()
 
 
