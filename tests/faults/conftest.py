@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,15 +15,31 @@ _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 @pytest.fixture(
     params=[
-        pytest.param(method, marks=pytest.mark.slow) if method == "spawn" else method
+        pytest.param(method, marks=pytest.mark.slow) if method != "fork" else method
         for method in START_METHODS
     ]
 )
 def start_method(request: pytest.FixtureRequest) -> str:
-    """Every start method. Spawn workers are the slowest to start and receive their
-    objects pickled like forkserver's: the default run covers fork and forkserver,
-    ``-m slow`` (CI) adds spawn."""
+    """Every start method. The default run covers fork (the quickest to start); spawn
+    and forkserver workers receive their objects pickled and start slower, so their
+    variants run with ``-m slow``, which CI runs too."""
     return str(request.param)
+
+
+_SLOW_METHODS = frozenset({"spawn", "forkserver"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A fault test's spawn and forkserver variants run with ``-m slow`` (CI runs both
+    selections): their workers start slower and receive their objects pickled, which
+    the fork variants of the same test do not exercise, but cost most of the time."""
+    here = Path(__file__).parent
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        method = params.get("start_method", params.get("method"))
+        if method in _SLOW_METHODS and here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("accelerate", reason="CI installs accelerate (.ci/run)")
-
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("accelerate_run.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(processes: int, tmp_path: Path) -> list[dict[str, Any]]:
+    pytest.importorskip("accelerate", reason="CI installs accelerate (.ci/run)")
     out = tmp_path / f"run{processes}"
     launcher = [sys.executable]
     if processes > 1:

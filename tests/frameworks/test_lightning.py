@@ -14,11 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-L = pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
-
-from conveyor import DataLoader as ConveyorDataLoader  # noqa: E402
-
-from .lightning_ddp import Model  # noqa: E402
+from conveyor import DataLoader as ConveyorDataLoader
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,6 +26,11 @@ SCRIPT = Path(__file__).with_name("lightning_ddp.py")
 
 
 def _fit(loader: str, tmp_path: Path) -> list[int]:
+    # Imported here, not at collection: lightning takes seconds to import, and the
+    # default run (which deselects these slow tests) should not pay for it.
+    L = pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
+    from .lightning_ddp import Model
+
     torch.manual_seed(0)
     model = Model(loader, str(tmp_path / loader))
     trainer = L.Trainer(
@@ -51,6 +52,7 @@ def test_one_device_sees_torchs_order(tmp_path: Path) -> None:
 
 
 def _ranks(loader: str, strategy: str, tmp_path: Path) -> list[dict[str, Any]]:
+    pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
     out = tmp_path / f"{loader}-{strategy}"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run(
