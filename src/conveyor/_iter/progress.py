@@ -135,9 +135,12 @@ class Progress:
                 self.commit()  # each worker's state as the epoch ended, steps since: none
 
     def commit(self) -> None:
-        if not self.per_worker:
-            return
-        self._snapshot = _Snapshot(
+        if self.per_worker:
+            self._snapshot = self._now()
+
+    def _now(self) -> _Snapshot:
+        """The state at this step."""
+        return _Snapshot(
             step=self.yielded,
             prefix=self.prefix,
             samples=self.cursor.samples_before(self.prefix),
@@ -159,17 +162,8 @@ class Progress:
             wait()
         if self.resumed_from is not None:
             return copy.deepcopy(self.resumed_from)
-        snap = self._snapshot
-        if snap is None:  # exact at every step: written from the counts
-            snap = _Snapshot(
-                step=self.yielded,
-                prefix=self.prefix,
-                samples=self.cursor.samples_before(self.prefix),
-                main=self.cursor.state_at(self.prefix),
-                workers=tuple(self.worker_states),
-                last_worker=self.last_worker,
-                beyond=tuple(sorted(self.beyond)),
-            )
+        # Without per-worker states the state is exact at every step: written from the counts.
+        snap = self._snapshot if self._snapshot is not None else self._now()
         inline = None
         if self.num_workers == 0:
             inline = self.inline_state() if self.inline_state is not None else WorkerState()
