@@ -427,6 +427,12 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         """Every sample left out under ``on_error="skip"``, with its epoch and reason."""
         return tuple(self._history.skipped)
 
+    @property
+    def _IterableDataset_len_called(self) -> int | None:
+        """torch's attribute: ``len(dataset)`` as ``len(loader)`` last reported it for an
+        iterable dataset (None before), which code written for torch reads."""
+        return self._history.iterable_len
+
     def __len__(self) -> int:
         if self._is_iterable:
             length = self._history.iterable_len = len(self.dataset)

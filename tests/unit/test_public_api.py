@@ -47,3 +47,28 @@ def test_dataloader_can_be_subscripted_in_annotations_like_torchs() -> None:
     alias = DataLoader[int]
     assert isinstance(alias, types.GenericAlias)
     assert alias.__origin__ is DataLoader and alias.__args__ == (int,)
+
+
+def test_a_torch_dataloader_to_isinstance_checks_and_to_frameworks_reading_attributes() -> None:
+    """Frameworks decide by isinstance, and rebuild a loader from the attributes named
+    like its parameters: conveyor's options must be among them."""
+    torch = pytest.importorskip("torch")
+    loader = conveyor.DataLoader(
+        list(range(8)), batch_size=2, shuffle=True, on_error="skip", reseed="batch"
+    )
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    assert isinstance(loader.batch_sampler, torch.utils.data.BatchSampler)
+    parameters = inspect.signature(conveyor.DataLoader.__init__).parameters
+    for name in conveyor.DataLoader.conveyor_options:
+        assert name in parameters
+    rebuilt = type(loader)(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        **{name: getattr(loader, name) for name in conveyor.DataLoader.conveyor_options},
+    )
+    assert (rebuilt.on_error, rebuilt.reseed) == ("skip", "batch")
+    loader.on_error = "raise"  # torch lets attributes change; the config follows
+    assert loader._config.policy.on_error == "raise"
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        loader.on_error = "ignore"
