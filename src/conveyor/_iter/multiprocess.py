@@ -125,31 +125,9 @@ class MultiprocessIterator:
         finished = resume is not None and resume.finished
         self._resume = resume if resume is not None and not finished else None
         self._cursor = SamplerCursor(config)
-        rng_after = resume.rng_after if finished and resume is not None else None
-        if rng_after and not config.persistent_workers:
-            self._cursor.streams.restore(rng_after)
-        # torch iterates the index sampler once, draws the base seed, then iterates
-        # it again per epoch: samplers that draw eagerly in __iter__ consume the RNG
-        # in that order, so do the same.
-        iter(config.index_sampler)
-        # A state taken after the epoch: the next epoch draws its seeds from torch's
-        # global RNG as it was then (samplers without a generator draw from it).
-        saved_global = resume.global_after if finished and resume is not None else None
-        if config.persistent_workers:
-            base_seed, self._first_global = draw_base_seed(config.generator), saved_global
-        else:
-            base_seed, self._first_global = replayed_draw(
-                self._cursor.streams, saved_global, lambda: draw_base_seed(config.generator)
-            )
-        if rng_after and config.persistent_workers:
-            # Persistent workers drew no new seed for the next epoch: neither do we.
-            self._cursor.streams.restore(rng_after)
-        keeps_seed = self._resume is not None or (finished and config.persistent_workers)
-        if keeps_seed and resume is not None and resume.base_seed is not None:
-            base_seed = resume.base_seed
+        self._base_seed = self._draw_base_seed(resume)
         if resume is not None and resume.epoch is not None:
             history.epochs_started = resume.epoch + (1 if finished else 0)
-        self._base_seed = base_seed
         self._book = TaskBook(
             num_workers=config.num_workers,
             prefetch=config.prefetch_factor,
@@ -167,7 +145,7 @@ class MultiprocessIterator:
             WorkerSpec(
                 worker_id=i,
                 num_workers=config.num_workers,
-                base_seed=base_seed,
+                base_seed=self._base_seed,
                 iterable=config.iterable,
                 auto_collation=config.auto_collation,
                 drop_last=config.drop_last,
@@ -203,6 +181,38 @@ class MultiprocessIterator:
         except BaseException:
             self.close()
             raise
+
+    def _draw_base_seed(self, resume: ResumePoint | None) -> int:
+        """Draw the base seed as torch draws it (consuming the same RNG), and put the
+        random streams where a resumed run needs them.
+
+        torch iterates the index sampler once, draws the base seed, then iterates it
+        again per epoch: samplers that draw eagerly in ``__iter__`` consume the RNG in
+        that order, so do the same. After a state taken at an epoch's end, the next
+        epoch draws as it would have: from the generators as the epoch left them, and
+        torch's global RNG as it was then; persistent workers drew no new base seed
+        for that epoch, so theirs is kept.
+        """
+        config, streams = self._config, self._cursor.streams
+        finished = resume is not None and resume.finished
+        rng_after = resume.rng_after if resume is not None and finished else None
+        saved_global = resume.global_after if resume is not None and finished else None
+        persistent = config.persistent_workers
+        if rng_after and not persistent:
+            streams.restore(rng_after)
+        iter(config.index_sampler)
+        if persistent:
+            base_seed, self._first_global = draw_base_seed(config.generator), saved_global
+        else:
+            base_seed, self._first_global = replayed_draw(
+                streams, saved_global, lambda: draw_base_seed(config.generator)
+            )
+        if rng_after and persistent:
+            streams.restore(rng_after)
+        keeps_seed = self._resume is not None or (finished and persistent)
+        if keeps_seed and resume is not None and resume.base_seed is not None:
+            return resume.base_seed
+        return base_seed
 
     # --- the iterator protocol ----------------------------------------------------------
 
