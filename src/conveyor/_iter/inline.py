@@ -36,30 +36,8 @@ class InlineIterator:
             history.skipped[:] = resume.skipped
         finished = resume is not None and resume.finished
         mid = resume if resume is not None and not finished else None
-        cursor = self._cursor = SamplerCursor(config)
-        if finished and resume is not None and resume.rng_after:
-            cursor.streams.restore(resume.rng_after)  # the next epoch draws as it would have
-        if finished and resume is not None and resume.workers:
-            # The dataset as it was when the epoch ended (before the next base seed).
-            load_into(config.dataset, resume.workers[0].dataset_state)
-        # torch makes the sampler's iterator, then draws the base seed: the same order
-        # consumes a shared generator identically.
-        if mid is not None:
-            cursor.reopen(mid.main)
-        else:
-            cursor.start()
-        # A state taken after the epoch: the next epoch draws its seeds from torch's global
-        # RNG as it was then (samplers without a generator draw from it).
-        saved_global = resume.global_after if finished and resume is not None else None
-        base_seed, after = replayed_draw(
-            cursor.streams, saved_global, lambda: draw_base_seed(config.generator)
-        )
-        if mid is None:
-            cursor.replay_first_draw(after)
-        if mid is not None:
-            cursor.restore_streams()
-            if mid.base_seed is not None:
-                base_seed = mid.base_seed
+        self._cursor = SamplerCursor(config)
+        base_seed = self._open_epoch(resume)
         if resume is not None and resume.epoch is not None:
             history.epochs_started = resume.epoch + (1 if finished else 0)
         self._base_seed = base_seed
@@ -84,6 +62,7 @@ class InlineIterator:
         fetcher_error = getattr(self._runner.fetcher, "init_error", None)
         if fetcher_error is not None:
             raise fetcher_error  # iter(dataset) raised: at iter(), as torch raises it
+        cursor = self._cursor
         self.progress = Progress(
             config=config,
             history=history,
@@ -106,6 +85,36 @@ class InlineIterator:
                 self.progress.handed_out(cursor.drawn - 1, -1, None)
         else:
             self.progress.start_from(None)
+
+    def _open_epoch(self, resume: ResumePoint | None) -> int:
+        """Open the sampler and draw the base seed in torch's order (its iterator, then
+        the seed: a generator they share is consumed identically); returns the seed.
+
+        Resuming mid-epoch restores the random streams after the seed is drawn, and
+        keeps the saved seed. After a state taken at an epoch's end, the next epoch
+        draws from the generators and torch's global RNG as the epoch left them, and
+        the dataset is as it was then.
+        """
+        config, cursor = self._config, self._cursor
+        finished = resume is not None and resume.finished
+        if resume is not None and finished:
+            if resume.rng_after:
+                cursor.streams.restore(resume.rng_after)
+            if resume.workers:
+                load_into(config.dataset, resume.workers[0].dataset_state)
+        if resume is not None and not finished:
+            cursor.reopen(resume.main)
+        else:
+            cursor.start()
+        saved_global = resume.global_after if resume is not None and finished else None
+        base_seed, after = replayed_draw(
+            cursor.streams, saved_global, lambda: draw_base_seed(config.generator)
+        )
+        if resume is None or finished:
+            cursor.replay_first_draw(after)
+            return int(base_seed)
+        cursor.restore_streams()
+        return resume.base_seed if resume.base_seed is not None else int(base_seed)
 
     def __iter__(self) -> InlineIterator:
         return self
