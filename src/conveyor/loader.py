@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from . import _torch
+from . import _datapipes, _torch
 from . import collate as _collate
+from ._datapipes import is_datapipe, is_iter_datapipe
 from ._iter.duplicates import unsharded_ranks
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
@@ -132,7 +133,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
 
-        self.dataset = dataset
+        # A DataPipe shuffles and shards itself (see _datapipes): shuffle goes to its
+        # shufflers, and the loader keeps torch's serialization wrapper around it.
+        self.dataset = _datapipes.wrap(dataset, shuffle) if is_datapipe(dataset) else dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
@@ -178,7 +181,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._history = LoaderHistory()  # epochs, skipped samples, last statistics
 
         if self._is_iterable:
-            if shuffle not in {False, None}:
+            if shuffle not in {False, None} and not is_iter_datapipe(dataset):
                 raise ValueError(
                     "DataLoader with IterableDataset: expected unspecified shuffle option, "
                     f"but got shuffle={shuffle}"

@@ -15,7 +15,7 @@ import itertools
 import pickle
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor._task import Collated, Exhausted, Failed, NothingLeft, TaskRunner
@@ -136,6 +136,9 @@ class FakePool:
     def replace(self, worker_id: int) -> None:
         self.replaced.append(worker_id)
         self.workers[worker_id] = self._make(self.specs[worker_id])
+
+    def seed_pipes(self, seed: int) -> None:
+        self.specs = [replace(spec, pipe_seed=seed) for spec in self.specs]
 
     def kill(self, worker_id: int) -> None:
         self.killed.append(worker_id)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .._datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
+from .._datapipes import shard as shard_pipe
 from .._reseed import Reseed, kept_global_rngs
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from ..config import LoaderConfig, LoaderHistory
@@ -37,7 +39,11 @@ class InlineIterator:
         finished = resume is not None and resume.finished
         mid = resume if resume is not None and not finished else None
         self._cursor = SamplerCursor(config)
+        if is_iter_datapipe(config.dataset):  # where torch draws its shared seed
+            SharedSeeds().draw(config.generator, config.dataset)
         base_seed = self._open_epoch(resume)
+        if is_datapipe(config.dataset):
+            shard_pipe(config.dataset)  # over the ranks
         if resume is not None and resume.epoch is not None:
             history.epochs_started = resume.epoch + (1 if finished else 0)
         self._base_seed = base_seed

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .. import _torch
 from .._compat import assert_never
+from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
 from .._transport.codec import InlinePayload, Payload
 from .._workers.events import Died, PoolEvent, Received
@@ -84,6 +85,7 @@ class Pool(Protocol):
     def decode(self, origin: Any, payload: Payload) -> Any: ...
     def discard(self, origin: Any, payload: Payload | None) -> None: ...
     def replace(self, worker_id: int) -> None: ...
+    def seed_pipes(self, seed: int) -> None: ...
     def kill(self, worker_id: int) -> None: ...
     def dump_stacks(self, worker_id: int, timeout: float = 2.0) -> str: ...
     def close(self) -> None: ...
@@ -125,7 +127,15 @@ class MultiprocessIterator:
         finished = resume is not None and resume.finished
         self._resume = resume if resume is not None and not finished else None
         self._cursor = SamplerCursor(config)
+        # A DataPipe draws shared seeds around the base seed, where torch draws them: the
+        # workers start with the first; the second only reseeds the main process's copy.
+        self._pipe_seeds = SharedSeeds() if is_iter_datapipe(config.dataset) else None
+        pipe_seed = None
+        if self._pipe_seeds is not None:
+            pipe_seed = self._pipe_seeds.draw(config.generator, config.dataset)
         self._base_seed = self._draw_base_seed(resume)
+        if self._pipe_seeds is not None:
+            self._pipe_seeds.draw(config.generator, config.dataset)
         if resume is not None and resume.epoch is not None:
             history.epochs_started = resume.epoch + (1 if finished else 0)
         self._book = TaskBook(
@@ -158,6 +168,7 @@ class MultiprocessIterator:
                 resume_state=restored[i] if restored is not None else None,
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=finished and restored is not None,
+                pipe_seed=pipe_seed,
             )
             for i in range(config.num_workers)
         ]
@@ -255,6 +266,9 @@ class MultiprocessIterator:
         self.progress = self._new_progress(previous.worker_states)
         if self._per_worker:
             self._unreported = set(range(self._config.num_workers))
+        if self._pipe_seeds is not None:
+            config = self._config
+            self._pool.seed_pipes(self._pipe_seeds.draw(config.generator, config.dataset))
         self._start_epoch(None)
 
     def statistics(self) -> LoaderStatistics:

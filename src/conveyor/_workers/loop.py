@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .. import _torch, worker_info
+from .. import _datapipes, _torch, worker_info
 from .._compat import assert_never
 from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
@@ -41,6 +41,7 @@ from .protocol import (
     MainMessage,
     Ready,
     SampleFailed,
+    SeedPipe,
     Stage,
     StartupFailed,
     Stop,
@@ -76,6 +77,7 @@ class WorkerSpec:
     report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
+    pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
 
 
 def worker_main(
@@ -115,12 +117,15 @@ def worker_main(
     set_worker_info(WorkerInfo(spec.worker_id, spec.num_workers, seed, objects.dataset))
     _seed_like_torch(spec.base_seed, spec.worker_id)
     status.stage(Stage.WORKER_INIT)
-    if objects.worker_init_fn is not None:
-        try:
+    try:
+        if spec.pipe_seed is not None:  # as torch does, before the user's worker_init_fn
+            _datapipes.seed_graph(objects.dataset, spec.pipe_seed)
+            _datapipes.shard(objects.dataset, spec.worker_id, spec.num_workers)
+        if objects.worker_init_fn is not None:
             objects.worker_init_fn(spec.worker_id)
-        except BaseException as exc:
-            results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
-            return
+    except BaseException as exc:
+        results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
+        return
     try:
         resume = pickle.loads(spec.resume_state) if spec.resume_state is not None else None
         runner = TaskRunner(
@@ -171,6 +176,8 @@ def _serve(
         match message:
             case Stop():
                 return
+            case SeedPipe():
+                _datapipes.seed_graph(runner.dataset, message.seed)
             case Task():
                 encoder.arena.release(message.released)
                 epoch_state = None

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -27,6 +27,7 @@ from typing import Any
 import cloudpickle
 import psutil
 
+from .. import _datapipes
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder, Payload, SlotPayload
 from ..config import StartMethod
@@ -34,7 +35,7 @@ from .events import Died, PoolEvent, Received
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
-from .protocol import Ready, StartupFailed, Stop, Task
+from .protocol import Ready, SeedPipe, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
 
@@ -183,6 +184,14 @@ class WorkerPool:
             worker.outbox.send(task)  # never blocks: see outbox.py
         except (BrokenPipeError, ConnectionResetError):
             worker.outbox.clear()
+
+    def seed_pipes(self, seed: int) -> None:
+        """A DataPipe dataset's shared seed for the next epoch: to every worker, and to
+        the specs a replacement starts from."""
+        self._specs = [replace(spec, pipe_seed=seed) for spec in self._specs]
+        for worker in self._workers:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                worker.outbox.send(SeedPipe(seed))
 
     def wait(self, timeout: float | None, expect: int | None = None) -> list[PoolEvent]:
         """Block until a worker sends something or dies, or ``timeout`` passes ([]).
@@ -443,7 +452,7 @@ def _serialize_once(user: UserObjects, start_method: StartMethod) -> int | None:
     as torch sends its dataset (see :class:`PickledWhileSpawning`)."""
     _pickle_main_by_value()
     try:
-        data = cloudpickle.dumps(user)
+        data = _dumps(user)
     except RuntimeError as exc:
         if "through inheritance" in str(exc):
             return None
@@ -468,6 +477,24 @@ def _pickle_main_by_value() -> None:
         cloudpickle.register_pickle_by_value(main)
 
 
+class _UserPickler(cloudpickle.CloudPickler):
+    """cloudpickle, plus conveyor's reducers for objects that pickle their insides by
+    reference on their own (torch's DataPipe wrappers, see conveyor._datapipes)."""
+
+    base_table: Any = cloudpickle.CloudPickler.dispatch_table
+
+    def __init__(self, file: io.BytesIO) -> None:
+        # Before Pickler.__init__, which is where the C pickler reads the table.
+        self.dispatch_table = collections.ChainMap(_datapipes.reducers(), self.base_table)
+        super().__init__(file)
+
+
+def _dumps(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    _UserPickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
 class PickledWhileSpawning:
     """The user's objects, cloudpickled when ``Process.start`` pickles the worker's
     arguments: multiprocessing's locks and shared values accept to be pickled only
@@ -482,11 +509,11 @@ class PickledWhileSpawning:
         return (cloudpickle.loads, (buffer.getvalue(),))
 
 
-class _SpawningPickler(cloudpickle.CloudPickler):
+class _SpawningPickler(_UserPickler):
     """cloudpickle, plus the reducers multiprocessing registers for its own objects
     (a shared value's memory travels as a file descriptor passed to the child)."""
 
-    dispatch_table = collections.ChainMap(
+    base_table = collections.ChainMap(
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
         cloudpickle.CloudPickler.dispatch_table,
     )
@@ -498,7 +525,7 @@ def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> 
     for role in ("dataset", "collate_fn", "worker_init_fn"):
         obj = getattr(user, role)
         try:
-            cloudpickle.dumps(obj)
+            _dumps(obj)
         except Exception as exc:
             return explain_unpicklable(obj, role, exc, role=role, start_method=start_method.name)
     return error

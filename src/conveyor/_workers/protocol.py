@@ -1,7 +1,8 @@
 """Messages between the main process and its workers.
 
 Each direction has its own pipe per worker. The main process sends
-:class:`Task` and :class:`Stop`; a worker answers each task with exactly one of
+:class:`Task`, :class:`Stop` and (DataPipes) :class:`SeedPipe`; a worker answers each task
+with exactly one of
 :class:`BatchDone`, :class:`TaskFailed` or :class:`IterationEnded`, and says
 :class:`Ready` (or :class:`StartupFailed`) once after start-up.
 
@@ -57,6 +58,14 @@ class Task:
 @dataclass(frozen=True)
 class Stop:
     """Finish: exit the worker loop and release everything."""
+
+
+@dataclass(frozen=True)
+class SeedPipe:
+    """A DataPipe dataset's shared seed for the next epoch (persistent workers): seed
+    its random parts with it before that epoch's first task (see conveyor._datapipes)."""
+
+    seed: int
 
 
 # --- worker -> main process -------------------------------------------------
@@ -134,6 +143,6 @@ class StartupFailed:
     error: RemoteError
 
 
-MainMessage = Task | Stop
+MainMessage = Task | Stop | SeedPipe
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
 TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task

@@ -24,6 +24,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._datapipes import is_datapipe
 from ..config import LoaderConfig, StartMethod
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
@@ -199,7 +200,9 @@ def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding
         findings = [f for f in findings if f.code != "unpicklable"]
         findings += _unpicklable_findings(target)
     findings += container_findings(walk, method)
-    findings += rng_findings(walk, method, dict(target.roots).get("worker_init_fn"))
+    roots = dict(target.roots)
+    if not is_datapipe(roots["dataset"]):  # the loader seeds a DataPipe's generators itself
+        findings += rng_findings(walk, method, roots.get("worker_init_fn"))
     findings += descriptor_findings(walk, method)
     if method.copies_memory:
         findings += cuda_findings(walk, full=full)
