@@ -188,15 +188,41 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
         ("tiny", "2 workers, persistent"),
         ("tiny", "num_workers=0"),
         ("tiny", "plain loop, no loader (ceiling)"),
+        ("tiny", "reference loop, 2 fork workers, shared memory"),
         ("latency", "8 workers"),
     }
     for (_, config), (mine, theirs, ratio, notes) in rows.items():
-        if config.startswith("plain"):
+        if config.startswith(("plain", "reference")):
             assert _number(notes.split()[0]) > 0
         else:
             assert _number(mine) > 0 and _number(theirs) > 0 and _number(ratio) > 0, notes
     assert "of ideal 1,600/s" in rows[("latency", "8 workers")][3]
+    workers_notes = rows[("tiny", "2 workers, persistent")][3]
+    assert "of reference loop: conveyor" in workers_notes
+    assert "vs its num_workers=0: conveyor" in workers_notes
     assert "outlived" not in done.stdout and "failed" not in done.stdout
     saved = json.loads(out.read_text())
     assert {row["workload"] for row in saved["rows"]} == {"tiny", "latency"}
     assert saved["environment"]["conveyor column"] == "conveyor.DataLoader"
+
+
+def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() -> None:
+    from tests.helpers.leaks import no_leaks
+
+    from conveyor.benchmark.reference import SharedMemoryLoop
+    from conveyor.benchmark.workloads import TinyDataset
+
+    dataset = TinyDataset(10 * 8 + 3)  # a partial last batch is dropped
+    with no_leaks():
+        batches = [
+            (np.array(values), np.array(labels))
+            for values, labels in SharedMemoryLoop(dataset, 8, num_workers=3)
+        ]
+        early = iter(SharedMemoryLoop(dataset, 8, num_workers=2))
+        next(early)
+        early.close()  # stopped mid-way: its workers still exit
+    assert len(batches) == 10
+    for number, (values, labels) in enumerate(batches):
+        indices = range(number * 8, number * 8 + 8)
+        assert values.tolist() == [dataset[i][0].tolist() for i in indices]
+        assert labels.tolist() == [dataset[i][1] for i in indices]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.benchmark.runner import LOADERS, PLAIN, BenchReport, Row
+from conveyor.benchmark.runner import LOADERS, PLAIN, REFERENCE, BenchReport, Row
 
 DASH = "-"
 SUMMARY_HEADER = ("workload", "config", "conveyor samples/s", "torch samples/s", "ratio", "notes")
@@ -41,7 +41,7 @@ def _value(row: Row, value: float | None) -> str:
 
 
 def _cell(row: Row, loader: str) -> str:
-    if row.kind == "baseline":
+    if row.kind in ("baseline", "reference"):
         return DASH
     if loader in row.errors:
         return "error"
@@ -68,7 +68,7 @@ def summary_table(report: BenchReport) -> str:
 def details_table(report: BenchReport) -> str:
     body = []
     for row in report.rows:
-        for loader in (*LOADERS, PLAIN):
+        for loader in (*LOADERS, PLAIN, REFERENCE):
             runs = row.runs.get(loader)
             if not runs:
                 continue

@@ -31,6 +31,7 @@ from conveyor.benchmark.measure import (
     measure_throughput,
     parallel_speedup,
 )
+from conveyor.benchmark.reference import SharedMemoryLoop
 from conveyor.benchmark.workloads import (
     WORKLOADS,
     CpuDataset,
@@ -41,9 +42,10 @@ from conveyor.benchmark.workloads import (
 
 LOADERS = ("conveyor", "torch")
 PLAIN = "plain"
+REFERENCE = "reference"
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
 
-RowKind = Literal["throughput", "startup", "baseline"]
+RowKind = Literal["throughput", "startup", "baseline", "reference"]
 LoaderClass = Callable[..., Iterable[Any]]
 Factories = dict[str, LoaderFactory]
 
@@ -229,7 +231,26 @@ def _run_row(
 def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> None:
     plain = next((r for r in rows if r.kind == "baseline"), None)
     base = plain.median(PLAIN) if plain else None
+    reference_row = next((r for r in rows if r.kind == "reference"), None)
+    reference = reference_row.median(REFERENCE) if reference_row else None
+    inline = next((r for r in rows if r.config == "num_workers=0"), None)
     for row in rows:
+        workers_row = row.kind == "throughput" and row is not inline
+        if workers_row and reference:
+            shares = [f"{n} {v / reference:.0%}" for n in LOADERS if (v := row.median(n))]
+            row.notes.append(f"of reference loop: {', '.join(shares)} (target >= 90%)")
+        if workers_row and inline is not None:
+            shares = [
+                f"{n} {v / w:.2f}x"
+                for n in LOADERS
+                if (v := row.median(n)) and (w := inline.median(n))
+            ]
+            row.notes.append(f"vs its num_workers=0: {', '.join(shares)}")
+        if row.kind == "reference" and reference:
+            row.notes.append(
+                f"{reference:,.0f} samples/s; the design's limit here: workers write samples "
+                "into shared memory, views to the consumer, nothing else"
+            )
         if row.kind == "baseline" and base:
             row.notes.append(f"{base:,.0f} samples/s; no loader: index + collate by hand (NumPy)")
             if scaling:
@@ -267,8 +288,8 @@ def _run_workload(
     else:
         window = WindowSpec(spec.warmup, spec.min_batches, spec.max_batches, options.seconds)
     length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
-    progress(f"[{spec.name}] building dataset ({length:,} samples)")
     dataset = spec.make_dataset(length, options.quick)
+    progress(f"[{spec.name}] dataset of {len(dataset):,} samples")
     rows: list[Row] = []
 
     def loader_row(
@@ -301,6 +322,14 @@ def _run_workload(
             row = Row(spec.name, spec.plain_label, "baseline")
             plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size)}
             _run_row(row, plain, throughput, options.repeat, progress)
+            rows.append(row)
+        if spec.reference_row:
+            config = f"reference loop, {spec.num_workers} fork workers, shared memory"
+            row = Row(spec.name, config, "reference")
+            reference: Factories = {
+                REFERENCE: lambda: SharedMemoryLoop(dataset, spec.batch_size, spec.num_workers)
+            }
+            _run_row(row, reference, throughput, options.repeat, progress)
             rows.append(row)
     scaling = None
     if isinstance(dataset, CpuDataset):

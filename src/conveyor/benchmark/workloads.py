@@ -179,6 +179,7 @@ class WorkloadSpec:
     inline_rows: bool = False  # also num_workers=0 for both loaders
     plain_row: bool = False  # also a plain in-process loop: index + collate by hand
     plain_label: str = "plain loop, no loader (ceiling)"
+    reference_row: bool = False  # also the reference shared-memory loop (benchmark/reference.py)
     ideal_samples_per_s: float | None = None
     target_speedup: float | None = None  # goal for the workers row over the plain loop
     start_method: str | None = None  # fixed start method; None: the one asked for
@@ -223,6 +224,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             warmup=10,
             inline_rows=True,
             plain_row=True,
+            reference_row=True,
         ),
         WorkloadSpec(
             name="image",
@@ -237,6 +239,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             warmup=6,
             inline_rows=True,
             plain_row=True,
+            reference_row=True,
         ),
         WorkloadSpec(
             name="cpu",
