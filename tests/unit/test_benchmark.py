@@ -215,7 +215,7 @@ def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() ->
     dataset = TinyDataset(10 * 8 + 3)  # a partial last batch is dropped
     with no_leaks():
         batches = [
-            (np.array(values), np.array(labels))
+            (values.tolist(), labels.tolist())
             for values, labels in SharedMemoryLoop(dataset, 8, num_workers=3)
         ]
         early = iter(SharedMemoryLoop(dataset, 8, num_workers=2))
@@ -224,5 +224,5 @@ def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() ->
     assert len(batches) == 10
     for number, (values, labels) in enumerate(batches):
         indices = range(number * 8, number * 8 + 8)
-        assert values.tolist() == [dataset[i][0].tolist() for i in indices]
-        assert labels.tolist() == [dataset[i][1] for i in indices]
+        assert values == [dataset[i][0].tolist() for i in indices]
+        assert labels == [dataset[i][1] for i in indices]
