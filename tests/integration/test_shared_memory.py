@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import gc
+import os
 import shutil
 import subprocess
 import sys
@@ -188,3 +190,44 @@ def test_nested_tensors_cross_as_torch_sends_them() -> None:
     for a, b in zip(ours, theirs, strict=True):
         assert a.is_nested
         assert [t.tolist() for t in a.unbind()] == [t.tolist() for t in b.unbind()]
+
+
+def _memfd_inodes(pid: int | str) -> tuple[set[int], set[int]]:
+    """Inodes of conveyor memfds a process holds: (by descriptor, by map)."""
+    held = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith("/memfd:conveyor-"):
+                held.add(os.stat(f"/proc/{pid}/fd/{name}").st_ino)
+    with open(f"/proc/{pid}/maps") as maps:
+        mapped = {int(line.split()[4]) for line in maps if "/memfd:conveyor-" in line}
+    return held, mapped
+
+
+class _Blocks:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(1 << 16, i, dtype=np.uint8)
+
+
+def test_a_forked_worker_lets_go_of_other_loaders_shared_memory() -> None:
+    # A validation loader started mid-epoch forks while the training loader's arenas
+    # are open and one of its batches is held: its worker must not keep them alive.
+    training = iter(conveyor.DataLoader(_Blocks(), batch_size=2, num_workers=2))
+    held = next(training)
+    training_fds, training_maps = _memfd_inodes("self")
+    assert training_fds and training_maps
+    validation = conveyor.DataLoader(
+        _Blocks(), batch_size=2, num_workers=1, persistent_workers=True
+    )
+    validating = iter(validation)
+    batch = next(validating)
+    [worker] = validating._workers
+    fds, maps = _memfd_inodes(worker.pid)
+    assert len(fds) == 1 and not fds & training_fds, "other loaders' memfds kept open"
+    assert not maps & training_maps, "other loaders' slots still mapped"
+    # The validation loader itself works on, and the training batch is intact.
+    assert [int(b[0, 0]) for b in [batch, *validating]] == [0, 2, 4, 6]
+    assert int(held[1, 0]) == 1 and [int(b[0, 0]) for b in training] == [2, 4, 6]

@@ -25,11 +25,13 @@ from ..errors import SharedMemoryExhaustedError
 PAGE = mmap.PAGESIZE
 _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
+ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
+SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
 
 def create_arena_fd(worker_id: int) -> int:
     """A new worker's memfd; its first page is the worker's status page."""
-    fd = os.memfd_create(f"conveyor-worker-{worker_id}", os.MFD_CLOEXEC)
+    fd = os.memfd_create(f"{ARENA_PREFIX}{worker_id}", os.MFD_CLOEXEC)
     os.ftruncate(fd, PAGE)
     return fd
 
@@ -188,24 +190,24 @@ def _map(fd: int, slot: SlotInfo) -> np.ndarray:
     mid-epoch. The mapping is made with libc instead and unmapped when the last
     array over it is garbage collected.
     """
-    address = _libc.mmap(
+    address = libc.mmap(
         None, slot.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, slot.offset
     )
     if address is None or address == _MAP_FAILED:
         error = ctypes.get_errno()
         raise OSError(error, f"mapping {slot.size} bytes of shared memory: {os.strerror(error)}")
     region = (ctypes.c_uint8 * slot.size).from_address(address)
-    weakref.finalize(region, _libc.munmap, address, slot.size).atexit = False
+    weakref.finalize(region, libc.munmap, address, slot.size).atexit = False
     return np.frombuffer(memoryview(region).cast("B"), dtype=np.uint8)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [
     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
 ]  # fmt: skip
-_libc.munmap.restype = ctypes.c_int
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.munmap.restype = ctypes.c_int
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 

@@ -30,6 +30,7 @@ from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder
+from .._transport.inherited import release_foreign_memory
 from ..collate import default_collate, default_convert, make_tensors_in_main
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
@@ -104,6 +105,8 @@ def worker_main(
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
+    if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
+        release_foreign_memory(arena_fd.fd)
     arena = WorkerArena(arena_fd.fd, spec.max_slots)
     status = StatusWriter(arena.status_page)
     status.begin(-1, -1)

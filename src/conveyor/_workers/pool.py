@@ -28,7 +28,7 @@ import cloudpickle
 import psutil
 
 from .. import _datapipes
-from .._transport.arena import MainArena, create_arena_fd
+from .._transport.arena import SETUP_NAME, MainArena, create_arena_fd
 from .._transport.codec import Decoder, Payload, SlotPayload
 from ..config import StartMethod
 from .events import Died, PoolEvent, Received
@@ -459,7 +459,7 @@ def _serialize_once(user: UserObjects, start_method: StartMethod) -> int | None:
         raise _explain(user, exc, start_method) from exc
     except Exception as exc:
         raise _explain(user, exc, start_method) from exc
-    fd = os.memfd_create("conveyor-setup", os.MFD_CLOEXEC)
+    fd = os.memfd_create(SETUP_NAME, os.MFD_CLOEXEC)
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
