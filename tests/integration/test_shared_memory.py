@@ -231,3 +231,68 @@ def test_a_forked_worker_lets_go_of_other_loaders_shared_memory() -> None:
     # The validation loader itself works on, and the training batch is intact.
     assert [int(b[0, 0]) for b in [batch, *validating]] == [0, 2, 4, 6]
     assert int(held[1, 0]) == 1 and [int(b[0, 0]) for b in training] == [2, 4, 6]
+
+
+LIMITED_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    import numpy as np
+    import conveyor
+    from conveyor import DataLoader
+
+    class Quarters:  # 4 samples of 16 MiB: 64 MiB batches
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return np.full(1 << 24, i, dtype=np.uint8)
+
+    def address_space():
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+
+    # ulimit -v: what this process already uses plus some headroom (MiB).
+    limit = address_space() + (int(sys.argv[1]) << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    loader = DataLoader(Quarters(), batch_size=4, num_workers=4)
+    try:
+        firsts = [int(batch[0, 0]) for batch in loader]
+    except conveyor.SharedMemoryExhaustedError as exc:
+        print("error:", exc)
+    else:
+        assert firsts == list(range(0, 40, 4)), firsts
+        print("delivered", len(firsts))
+    """
+)
+
+
+def _under_address_space_limit(tmp_path: Any, headroom_mib: int) -> str:
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED_SCRIPT)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(script), str(headroom_mib)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_under_ulimit_v_only_slots_in_use_are_mapped(tmp_path: Any) -> None:
+    # Mapping every slot of 4 workers for the loader's life needed about 900 MiB
+    # beyond the process's own address space here; only the batches in flight fit
+    # in 600 (measured: 400 suffice).
+    assert _under_address_space_limit(tmp_path, 600) == "delivered 10"
+
+
+@pytest.mark.slow
+def test_a_limit_too_small_for_a_batch_is_an_error_naming_it(tmp_path: Any) -> None:
+    out = _under_address_space_limit(tmp_path, 150)
+    assert out.startswith("error: Could not map 80.0 MiB of shared memory"), out
+    assert "limited to" in out and "(ulimit -v)" in out and "Fix: raise the limit" in out

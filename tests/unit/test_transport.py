@@ -138,3 +138,27 @@ def test_even_the_first_batch_is_stacked_straight_into_a_slot(pair):
     payload = encoder.encode(batch)
     assert isinstance(payload, SlotPayload)
     np.testing.assert_array_equal(decoder.decode(payload), np.stack(samples))
+
+
+def _slot_maps() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum("/memfd:conveyor-worker-77" in line for line in maps)
+
+
+@pytest.mark.parametrize("keep_maps", [True, False])
+def test_slots_stay_mapped_only_while_in_use_when_maps_are_not_kept(keep_maps: bool) -> None:
+    # keep_maps=False is what an address-space limit (ulimit -v) selects.
+    fd = create_arena_fd(77)
+    encoder = Encoder(WorkerArena(fd, max_slots=4))
+    main = MainArena(fd, keep_maps=keep_maps)
+    decoder = Decoder(main, lambda slot: None)
+    payload = encoder.encode(np.full(1 << 16, 5))
+    worker_maps = _slot_maps()  # the worker side's slot, the status pages
+    batch = decoder.decode(payload)
+    assert _slot_maps() == worker_maps + 1
+    del batch
+    gc.collect()
+    assert _slot_maps() == worker_maps + (1 if keep_maps else 0)
+    again = decoder.decode(encoder.encode(np.full(1 << 16, 6)))  # the same slot, mapped anew
+    assert int(again[-1]) == 6
+    main.close()

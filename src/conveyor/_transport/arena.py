@@ -15,6 +15,7 @@ import ctypes
 import errno
 import mmap
 import os
+import resource
 import weakref
 from dataclasses import dataclass
 
@@ -140,29 +141,46 @@ class WorkerArena:
                     "machine or container more memory."
                 ) from exc
             raise
-        self._end = offset + size
         slot = SlotInfo(self._next_id, offset, size)
+        try:
+            view = _map(self._fd, slot, "this worker")
+        except BaseException:
+            os.ftruncate(self._fd, offset)
+            raise
+        self._end = offset + size
         self._next_id += 1
         self._slots[slot.slot_id] = slot
-        self._maps[slot.slot_id] = _map(self._fd, slot)
+        self._maps[slot.slot_id] = view
         return slot
 
 
 class MainArena:
-    """The main process's side: maps slots on first sight."""
+    """The main process's side: maps slots on first sight.
 
-    def __init__(self, fd: int) -> None:
+    A slot's map is kept for the loader's life (a batch over a slot mapped before
+    costs no page faults), unless the address space is limited (``ulimit -v``, common
+    on HPC nodes): then only slots in use stay mapped, and each is unmapped when the
+    last array of its batch is garbage (:meth:`forget`)."""
+
+    def __init__(self, fd: int, keep_maps: bool | None = None) -> None:
         self.fd = fd
         self.status_page = map_status_page(fd)
         self._maps: dict[int, np.ndarray] = {}
+        self._keep_maps = not address_space_limited() if keep_maps is None else keep_maps
 
     def view(self, slot: SlotInfo) -> np.ndarray:
         view = self._maps.get(slot.slot_id)
         if view is None:
             if self.fd < 0:  # mmap(-1) would silently map fresh zeroed memory
                 raise RuntimeError(f"slot {slot.slot_id} was not mapped before its arena closed")
-            view = self._maps[slot.slot_id] = _map(self.fd, slot)
+            view = self._maps[slot.slot_id] = _map(self.fd, slot, "the main process")
         return view
+
+    def forget(self, slot_id: int) -> None:
+        """The batch over a slot is gone: unless maps are kept, the slot is unmapped
+        once nothing else uses its map."""
+        if not self._keep_maps:
+            self._maps.pop(slot_id, None)
 
     def map_all(self, slots: list[SlotInfo]) -> None:
         """Map these slots now, so they stay readable after the fd is closed."""
@@ -182,7 +200,37 @@ class MainArena:
             self.fd = -1
 
 
-def _map(fd: int, slot: SlotInfo) -> np.ndarray:
+def address_space_limited() -> bool:
+    """Whether this process runs under an address-space limit (``ulimit -v``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return soft != resource.RLIM_INFINITY
+
+
+def _address_space_error(size: int, where: str, exc: OSError) -> SharedMemoryExhaustedError:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        limit = "The address space is not limited (ulimit -v unlimited), so the kernel refused"
+    else:
+        limit = (
+            f"The address space of each process is limited to {soft / 2**20:,.0f} MiB "
+            f"(ulimit -v) and {_address_space_used() / 2**20:,.0f} MiB of it is in use"
+        )
+    return SharedMemoryExhaustedError(
+        f"Could not map {size / 2**20:.1f} MiB of shared memory for a batch in {where}: "
+        f"{exc.strerror}. {limit}. Fix: raise the limit (ulimit -v), or lower batch_size, "
+        "prefetch_factor or num_workers, or keep fewer batches alive at once."
+    )
+
+
+def _address_space_used() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _map(fd: int, slot: SlotInfo, where: str) -> np.ndarray:
     """Map a slot without keeping a descriptor for it.
 
     ``mmap.mmap`` keeps a duplicate of the fd for each map (before Python 3.13's
@@ -195,6 +243,9 @@ def _map(fd: int, slot: SlotInfo) -> np.ndarray:
     )
     if address is None or address == _MAP_FAILED:
         error = ctypes.get_errno()
+        exc = OSError(error, os.strerror(error))
+        if error == errno.ENOMEM:
+            raise _address_space_error(slot.size, where, exc)
         raise OSError(error, f"mapping {slot.size} bytes of shared memory: {os.strerror(error)}")
     region = (ctypes.c_uint8 * slot.size).from_address(address)
     weakref.finalize(region, libc.munmap, address, slot.size).atexit = False

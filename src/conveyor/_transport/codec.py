@@ -216,7 +216,11 @@ class Decoder:
 
     def __init__(self, arena: MainArena, on_release: Callable[[int], None]) -> None:
         self.arena = arena
-        self._on_release = on_release
+        self._give_back = on_release
+
+    def _on_release(self, slot_id: int) -> None:
+        self.arena.forget(slot_id)
+        self._give_back(slot_id)
 
     def decode(self, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload):
