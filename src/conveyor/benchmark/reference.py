@@ -61,8 +61,11 @@ def _produce(
     batches: range,
     ready: Connection,
     freed: Connection,
+    others: list[Connection],
 ) -> None:
     """A worker: fill slots in turn with its batches; reuse a slot once it is given back."""
+    for connection in others:  # forked copies: the main process's ends must close here
+        connection.close()  # too, or a stopped loop would never reach us as EOF
     with contextlib.suppress(EOFError, BrokenPipeError, KeyboardInterrupt):
         for count, batch in enumerate(batches):
             slot = count % _SLOTS
@@ -93,6 +96,7 @@ class SharedMemoryLoop:
         arenas = [mmap.mmap(-1, _SLOTS * layout.slot_bytes) for _ in range(workers)]
         ready = [context.Pipe(duplex=False) for _ in range(workers)]
         freed = [context.Pipe(duplex=False) for _ in range(workers)]
+        connections = [c for pair in ready + freed for c in pair]
         processes = [
             context.Process(
                 target=_produce,
@@ -103,6 +107,7 @@ class SharedMemoryLoop:
                     range(w, total, workers),
                     ready[w][1],
                     freed[w][0],
+                    [c for c in connections if c is not ready[w][1] and c is not freed[w][0]],
                 ),
                 daemon=True,
             )
