@@ -260,6 +260,11 @@ class MultiprocessIterator:
         self.closed = True
         self._finalizer()
 
+    def _shutdown_workers(self) -> None:
+        """torch's iterator's name for :meth:`close` (code written for torch calls it on
+        a persistent loader's ``_iterator`` to stop its workers)."""
+        self.close()
+
     def reset(self) -> None:
         """Start another epoch on the same (persistent) workers."""
         previous = self.progress
