@@ -103,6 +103,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only", choices=("torch", "conveyor"), help="run one variant (the other is read back)"
     )
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: report the last runs' results"
+    )
     return parser.parse_args(argv)
 
 
@@ -110,9 +113,9 @@ def _run(variant: str, source: Path, run_dir: Path, args: argparse.Namespace) ->
     """Run one variant (unless --only names the other: then read its last results)."""
     module = run_dir / f"test_dataloader_{variant}.py"
     junit = run_dir / f"{variant}.xml"
-    if args.only is not None and args.only != variant:
+    if args.report or (args.only is not None and args.only != variant):
         if not junit.is_file():
-            raise SystemExit(f"--only {args.only}: no earlier {variant} run in {run_dir}")
+            raise SystemExit(f"no earlier {variant} run in {run_dir} to report")
         return _read_junit(junit)
     text = source.read_text()
     module.write_text(_substituted(text) if variant == "conveyor" else text)
@@ -194,11 +197,21 @@ def _report(results: dict[str, dict[str, Outcome]], rows: list[Difference], args
         f"| conveyor's `DataLoader` | {_counts(results['conveyor'])} |",
         "",
     ]
+    both = sorted(
+        test
+        for test, outcome in results["torch"].items()
+        if outcome.status in ("failed", "error")
+        and results["conveyor"].get(test, Outcome("not run")).status == outcome.status
+    )
+    if both:
+        lines += ["Tests that fail with both loaders on this machine (not conveyor's doing):", ""]
+        lines += [f"- `{test}`: {results['torch'][test].message}" for test in both]
+        lines.append("")
     if not rows:
-        lines.append("Every test has the same outcome with both loaders.")
+        lines.append("Every other test has the same outcome with both loaders.")
         return "\n".join(lines)
     lines += [
-        "Tests whose outcome differs:",
+        "Tests whose outcome differs (every other test has the same outcome):",
         "",
         "| test | torch | conveyor | why |",
         "|---|---|---|---|",
