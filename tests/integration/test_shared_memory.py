@@ -296,3 +296,21 @@ def test_a_limit_too_small_for_a_batch_is_an_error_naming_it(tmp_path: Any) -> N
     out = _under_address_space_limit(tmp_path, 150)
     assert out.startswith("error: Could not map 80.0 MiB of shared memory"), out
     assert "limited to" in out and "(ulimit -v)" in out and "Fix: raise the limit" in out
+
+
+class _Growing:
+    """Batch k (batch_size=1) holds (k + 1) x 64 KiB: a curriculum, length bucketing."""
+
+    def __len__(self) -> int:
+        return 60
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return np.full((k + 1) << 16, k % 251, dtype=np.uint8)
+
+
+def test_batches_that_keep_growing_still_go_through_shared_memory() -> None:
+    # They used to outgrow every slot, fall back to the pipe (54 of 60) and warn that
+    # the loop held batches it did not hold. The warning would fail this test.
+    loader = conveyor.DataLoader(_Growing(), batch_size=None, num_workers=2)
+    sizes = [(batch.numel(), int(batch[-1])) for batch in loader]
+    assert sizes == [((k + 1) << 16, k % 251) for k in range(60)]

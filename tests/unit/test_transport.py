@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from conveyor._transport.arena import MainArena, WorkerArena, create_arena_fd
+from conveyor._transport.arena import MainArena, SlotInfo, WorkerArena, create_arena_fd
 from conveyor._transport.codec import Decoder, Encoder, InlinePayload, SlotPayload
 from conveyor.collate import numpy_collate
 
@@ -161,4 +161,62 @@ def test_slots_stay_mapped_only_while_in_use_when_maps_are_not_kept(keep_maps: b
     assert _slot_maps() == worker_maps + (1 if keep_maps else 0)
     again = decoder.decode(encoder.encode(np.full(1 << 16, 6)))  # the same slot, mapped anew
     assert int(again[-1]) == 6
+    main.close()
+
+
+def _lease_and_release(arena: WorkerArena, nbytes: int) -> SlotInfo | None:
+    """Take a slot as the encoder does, then let both sides go of it."""
+    acquired = arena.acquire(nbytes)
+    if acquired is None:
+        return None
+    slot, base = acquired
+    del base  # the worker's arrays are gone
+    arena.release((slot.slot_id,))  # and the main process's batch
+    return slot
+
+
+def test_batches_that_outgrow_every_free_slot_still_get_one() -> None:
+    # Length bucketing / a curriculum: each batch larger than the last. The free slots
+    # are too small; the largest makes room, so no batch falls back to the pipe.
+    arena = WorkerArena(create_arena_fd(0), max_slots=3)
+    for k in range(1, 13):
+        assert _lease_and_release(arena, k * (1 << 16)) is not None, f"batch {k}"
+        assert len(arena._slots) <= 3
+    assert arena.take_retired(), "outgrown slots were given up"
+    assert arena.reserved_bytes() <= 3 * (12 << 16) * 5 // 4 + 3 * 4096
+
+
+def test_an_outliers_slot_is_given_back_once_batches_are_small_again() -> None:
+    arena = WorkerArena(create_arena_fd(0), max_slots=4)
+    _lease_and_release(arena, 1 << 26)  # one 64 MiB outlier
+    assert arena.reserved_bytes() >= 1 << 26
+    for _ in range(40):
+        _lease_and_release(arena, 1 << 16)
+    assert arena.reserved_bytes() < 1 << 20
+    assert len(arena.take_retired()) == 1
+
+
+def test_a_mixed_workload_keeps_its_large_slot() -> None:
+    # Every tenth batch is large: its slot is needed, so it is not given back.
+    arena = WorkerArena(create_arena_fd(0), max_slots=4)
+    for k in range(60):
+        _lease_and_release(arena, 1 << 24 if k % 10 == 0 else 1 << 16)
+    assert arena.take_retired() == ()
+
+
+def test_the_main_process_drops_its_maps_of_retired_slots() -> None:
+    fd = create_arena_fd(0)
+    released: list[int] = []
+    encoder = Encoder(WorkerArena(fd, max_slots=1))
+    main = MainArena(fd, keep_maps=True)
+    decoder = Decoder(main, released.append)
+    small = decoder.decode(encoder.encode(np.zeros(1 << 14)))
+    del small
+    gc.collect()
+    encoder.arena.release(tuple(released))
+    payload = encoder.encode(np.ones(1 << 20))  # outgrows the one free slot
+    assert isinstance(payload, SlotPayload) and payload.retired == (released[0],)
+    big = decoder.decode(payload)
+    assert float(big[-1]) == 1.0
+    assert set(main._maps) == {payload.slot.slot_id}
     main.close()

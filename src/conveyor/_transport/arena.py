@@ -6,11 +6,16 @@ holding it exits, even after SIGKILL). The worker grows the file and carves
 page-aligned *slots* out of it; a slot holds one batch and is reused once the
 main process says every array of that batch has been garbage collected.
 
-Slots never move or shrink, so each side maps a slot once and keeps the map.
+Slots never move or shrink, so each side maps a slot once and keeps the map. A free
+slot can be *retired* instead: one far larger than the batches of late (an outlier's),
+or the largest free one when batches outgrew every free slot. Its pages go back to the
+system, its range of the memfd is never used again, and the main process drops its map
+when told (``SlotPayload.retired``).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import mmap
@@ -26,6 +31,8 @@ from ..errors import SharedMemoryExhaustedError
 PAGE = mmap.PAGESIZE
 _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
+_RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
+_OVERSIZED_MIN_BYTES = 1 << 20  # smaller slots are not worth giving back
 ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
 SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
@@ -67,6 +74,9 @@ class WorkerArena:
         self._worker_done: list[int] = []  # slots the worker's arrays no longer use
         self._watch: dict[int, weakref.ref[np.ndarray]] = {}  # the lease base of each slot
         self._next_id = 0
+        self._asked: collections.deque[int] = collections.deque(maxlen=_RECENT)  # sizes
+        self._retired: list[int] = []  # slots given up since the main process was told
+        self._next_check = 0  # acquisitions until oversized slots are looked for again
 
     def release(self, slot_ids: tuple[int, ...]) -> None:
         """The main process no longer uses these slots."""
@@ -103,6 +113,8 @@ class WorkerArena:
         go, so memory anyone still reads never changes.
         """
         self._collect_worker_releases()
+        self._asked.append(nbytes)
+        self._retire_oversized()
         best: SlotInfo | None = None
         for slot_id in self._free:
             slot = self._slots[slot_id]
@@ -110,7 +122,11 @@ class WorkerArena:
                 best = slot
         if best is None:
             if len(self._slots) >= self._max_slots:
-                return None
+                if not self._free:
+                    return None  # every slot is in use
+                # Batches outgrew the free slots (length bucketing, a curriculum):
+                # the largest of them makes room for one of today's size.
+                self._retire(max(self._free, key=lambda i: self._slots[i].size))
             best = self._grow(nbytes)
         else:
             self._free.discard(best.slot_id)
@@ -124,8 +140,38 @@ class WorkerArena:
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
 
+    def take_retired(self) -> tuple[int, ...]:
+        """Slots given up since the last call: the main process drops its maps of them."""
+        retired, self._retired = tuple(self._retired), []
+        return retired
+
+    def reserved_bytes(self) -> int:
+        """Shared memory this worker's slots hold now."""
+        return sum(slot.size for slot in self._slots.values())
+
+    def _retire_oversized(self) -> None:
+        """Give back free slots far larger than any batch lately (an outlier's): once
+        ``_RECENT`` batches in a row needed less than half of one."""
+        if len(self._asked) < _RECENT or self._next_check > 0:
+            self._next_check -= 1
+            return
+        self._next_check = _RECENT  # a look now and then is enough
+        wanted = _slot_size(max(self._asked))
+        for slot_id in [i for i in self._free if self._slots[i].size > 2 * wanted]:
+            if self._slots[slot_id].size >= _OVERSIZED_MIN_BYTES:
+                self._retire(slot_id)
+
+    def _retire(self, slot_id: int) -> None:
+        """Give a free slot's memory back to the system; its range is never reused."""
+        slot = self._slots.pop(slot_id)
+        self._free.discard(slot_id)
+        self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
+        self._watch.pop(slot_id, None)
+        _punch_hole(self._fd, slot.offset, slot.size)
+        self._retired.append(slot_id)
+
     def _grow(self, nbytes: int) -> SlotInfo:
-        size = round_up(max(nbytes + nbytes // 4, MIN_SLOT_BYTES))
+        size = _slot_size(nbytes)
         offset = self._end
         try:
             os.ftruncate(self._fd, offset + size)
@@ -176,6 +222,11 @@ class MainArena:
             view = self._maps[slot.slot_id] = _map(self.fd, slot, "the main process")
         return view
 
+    def forget_retired(self, slot_ids: tuple[int, ...]) -> None:
+        """The worker gave these slots up: their maps go (batches alive keep theirs)."""
+        for slot_id in slot_ids:
+            self._maps.pop(slot_id, None)
+
     def forget(self, slot_id: int) -> None:
         """The batch over a slot is gone: unless maps are kept, the slot is unmapped
         once nothing else uses its map."""
@@ -198,6 +249,22 @@ class MainArena:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _slot_size(nbytes: int) -> int:
+    """A new slot's size for a batch of ``nbytes``: a quarter more, for batches that vary."""
+    return round_up(max(nbytes + nbytes // 4, MIN_SLOT_BYTES))
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def _punch_hole(fd: int, offset: int, size: int) -> None:
+    """Free the pages of a memfd range (the file keeps its size; the range reads zeros)."""
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    if libc.fallocate(fd, mode, offset, size) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"giving back {size} bytes of shared memory: {os.strerror(error)}")
 
 
 def address_space_limited() -> bool:
@@ -257,6 +324,8 @@ libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [
     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
 ]  # fmt: skip
+libc.fallocate.restype = ctypes.c_int
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 libc.munmap.restype = ctypes.c_int
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value

@@ -33,6 +33,7 @@ class SlotPayload:
     slot: SlotInfo
     meta: bytes
     layout: tuple[tuple[int, int], ...]  # (offset, nbytes) of each out-of-band buffer
+    retired: tuple[int, ...] = ()  # slots the worker gave up since its last SlotPayload
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class Encoder:
             self._size_hint = lease.used
             for b in buffers:
                 b.release()
-            return SlotPayload(lease.slot, meta, layout)
+            return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
         except BaseException:
             if lease is not None:
                 self.arena.release((lease.slot.slot_id,))
@@ -225,6 +226,7 @@ class Decoder:
     def decode(self, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload):
             return pickle.loads(payload.data)
+        self.arena.forget_retired(payload.retired)
         region = self.arena.view(payload.slot)
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
@@ -246,4 +248,5 @@ class Decoder:
     def discard(self, payload: Payload) -> None:
         """Give back a payload's slot without decoding it (an abandoned epoch)."""
         if isinstance(payload, SlotPayload):
+            self.arena.forget_retired(payload.retired)
             self._on_release(payload.slot.slot_id)
