@@ -103,7 +103,7 @@ class FakePool:
         self.sent.append((worker_id, task))
         self.workers[worker_id].queue.append((next(self._order), task))
 
-    def wait(self, timeout: float | None, expect: int | None = None) -> list[PoolEvent]:
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
         for worker in self.workers:
             if not worker.ready_sent:
                 worker.ready_sent = True

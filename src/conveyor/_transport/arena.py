@@ -350,7 +350,7 @@ class SlotLease:
         self.slot = slot
         self.view = view
         self.used = 0
-        self._base = view.ctypes.data
+        self.base = view.ctypes.data  # the slot's address in this process
 
     def allocate(self, nbytes: int) -> np.ndarray | None:
         start = self.used
@@ -359,13 +359,28 @@ class SlotLease:
         self.used = align(start + nbytes)
         return self.view[start : start + nbytes]
 
+    def place_arrays(self, arrays: list[np.ndarray]) -> tuple[tuple[int, int], ...] | None:
+        """:meth:`place` for C-contiguous arrays, without a buffer per array."""
+        layout = []
+        for array in arrays:
+            nbytes = array.nbytes
+            offset = array.ctypes.data - self.base if nbytes else 0
+            if not (offset >= 0 and offset + nbytes <= self.used):
+                offset = self.used
+                if offset + nbytes > self.slot.size:
+                    return None
+                self.view[offset : offset + nbytes] = array.reshape(-1).view(np.uint8)
+                self.used = align(offset + nbytes)
+            layout.append((offset, nbytes))
+        return tuple(layout)
+
     def place(self, raws: list[memoryview]) -> tuple[tuple[int, int], ...] | None:
         """Offsets of ``raws`` in the slot, copying those not already there; None if full."""
         layout = []
         for raw in raws:
             nbytes = raw.nbytes
             source = np.frombuffer(raw, dtype=np.uint8)
-            offset = source.ctypes.data - self._base if nbytes else 0
+            offset = source.ctypes.data - self.base if nbytes else 0
             if not (offset >= 0 and offset + nbytes <= self.used):
                 offset = self.used
                 if offset + nbytes > self.slot.size:

@@ -146,6 +146,7 @@ class Encoder:
         self.arrays_as_tensors = arrays_as_tensors
         self._size_hint = 0  # bytes the previous batch took: batches are usually alike
         self._lease: SlotLease | None = None
+        self._metas: dict[tuple[Any, ...], bytes] = {}  # see _encode_known
 
     @contextmanager
     def collating(self) -> Iterator[None]:
@@ -173,6 +174,10 @@ class Encoder:
 
     def encode(self, batch: Any) -> Payload:
         lease, self._lease = self._lease, None
+        if lease is not None:
+            known = self._encode_known(batch, lease)
+            if known is not None:
+                return known
         try:
             buffers: list[pickle.PickleBuffer] = []
             meta = dumps(batch, buffers.append, arrays_as_tensors=self.arrays_as_tensors)
@@ -197,15 +202,78 @@ class Encoder:
             self._size_hint = lease.used
             for b in buffers:
                 b.release()
+            self._remember(batch, meta, layout)
             return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
         except BaseException:
             if lease is not None:
                 self.arena.release((lease.slot.slot_id,))
             raise
 
+    def _encode_known(self, batch: Any, lease: SlotLease) -> SlotPayload | None:
+        """The payload of a batch shaped like one encoded before, without pickling.
+
+        The commonest batch is a list, tuple or dict of arrays, most of them stacked
+        straight into the slot by collate. Its pickle holds no data (the arrays go out
+        of band), only the structure, dtypes and shapes, so a batch with the same ones
+        has the same pickle: only where the arrays lie in the slot is new.
+        """
+        arrays = _plain_arrays(batch)
+        if arrays is None:
+            return None
+        meta = self._metas.get(_structure(batch, arrays))
+        if meta is None:
+            return None
+        layout = lease.place_arrays(arrays)
+        if layout is None:
+            return None
+        self._size_hint = lease.used
+        return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
+
+    def _remember(self, batch: Any, meta: bytes, layout: tuple[tuple[int, int], ...]) -> None:
+        """Keep the pickle of a batch that _encode_known can reuse: one out-of-band
+        buffer per array, in order (so the pickle refers to exactly these arrays)."""
+        arrays = _plain_arrays(batch)
+        if arrays is None or len(arrays) != len(layout):
+            return
+        if any(a.nbytes != nbytes for a, (_, nbytes) in zip(arrays, layout, strict=True)):
+            return
+        if len(self._metas) >= _KNOWN_STRUCTURES:
+            self._metas.clear()
+        self._metas[_structure(batch, arrays)] = meta
+
     def _acquire(self, nbytes: int) -> SlotLease | None:
         acquired = self.arena.acquire(nbytes)
         return SlotLease(*acquired) if acquired is not None else None
+
+
+_KNOWN_STRUCTURES = 64  # batch structures an encoder keeps the pickle of
+_PLAIN_KINDS = frozenset("biufc")  # dtypes whose pickle is only their name (no fields)
+
+
+def _plain_arrays(batch: Any) -> list[np.ndarray] | None:
+    """The arrays of a flat list, tuple or str-keyed dict of distinct, writable,
+    C-contiguous arrays of plain dtypes; else None."""
+    kind = type(batch)
+    if kind is list or kind is tuple:
+        arrays = list(batch)
+    elif kind is dict and all(type(key) is str for key in batch):
+        arrays = list(batch.values())
+    else:
+        return None
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype.kind not in _PLAIN_KINDS:
+            return None
+        flags = a.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+    if len({id(a) for a in arrays}) != len(arrays):
+        return None
+    return arrays
+
+
+def _structure(batch: Any, arrays: list[np.ndarray]) -> tuple[Any, ...]:
+    keys = tuple(batch) if type(batch) is dict else len(batch)
+    return (type(batch), keys, *((a.dtype.str, a.shape) for a in arrays))
 
 
 def _packed_size(raws: list[memoryview]) -> int:
@@ -218,15 +286,21 @@ class Decoder:
     def __init__(self, arena: MainArena, on_release: Callable[[int], None]) -> None:
         self.arena = arena
         self._give_back = on_release
+        # The base array of each slot's batch, watched: a weak reference with a callback
+        # costs a sixth of a weakref.finalize, once per batch.
+        self._watch: dict[int, weakref.ref[np.ndarray]] = {}
 
     def _on_release(self, slot_id: int) -> None:
+        self._watch.pop(slot_id, None)
         self.arena.forget(slot_id)
         self._give_back(slot_id)
 
     def decode(self, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload):
             return pickle.loads(payload.data)
-        self.arena.forget_retired(payload.retired)
+        if payload.retired:
+            self.arena.forget_retired(payload.retired)
+        slot_id = payload.slot.slot_id
         region = self.arena.view(payload.slot)
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
@@ -238,11 +312,11 @@ class Decoder:
         except BaseException:
             # Nothing of the batch reaches the user: the slot goes back now (the
             # failed unpickle's frames may keep ``base`` alive for a long while).
-            self._on_release(payload.slot.slot_id)
+            self._on_release(slot_id)
             raise
         del buffers
-        finalizer = weakref.finalize(base, self._on_release, payload.slot.slot_id)
-        finalizer.atexit = False
+        release = self._on_release
+        self._watch[slot_id] = weakref.ref(base, lambda _: release(slot_id))
         return batch
 
     def discard(self, payload: Payload) -> None:

@@ -51,6 +51,7 @@ from .protocol import (
 )
 from .remote_error import capture
 from .status import StatusWriter
+from .wire import FrameReader, send
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def worker_main(
     try:
         objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
     except BaseException as exc:
-        results.send(StartupFailed(Stage.STARTUP, capture(exc)))
+        send(results.fileno(), StartupFailed(Stage.STARTUP, capture(exc)))
         return
     seed = spec.base_seed + spec.worker_id
     set_worker_info(WorkerInfo(spec.worker_id, spec.num_workers, seed, objects.dataset))
@@ -127,7 +128,7 @@ def worker_main(
         if objects.worker_init_fn is not None:
             objects.worker_init_fn(spec.worker_id)
     except BaseException as exc:
-        results.send(StartupFailed(Stage.WORKER_INIT, capture(exc)))
+        send(results.fileno(), StartupFailed(Stage.WORKER_INIT, capture(exc)))
         return
     try:
         resume = pickle.loads(spec.resume_state) if spec.resume_state is not None else None
@@ -142,10 +143,10 @@ def worker_main(
         )
         state = _pickled_state(runner) if spec.report_state else None
     except BaseException as exc:  # restoring the dataset's saved state failed
-        results.send(StartupFailed(Stage.FETCH, capture(exc)))
+        send(results.fileno(), StartupFailed(Stage.FETCH, capture(exc)))
         return
     status.idle()
-    results.send(Ready(spec.worker_id, os.getpid(), state))
+    send(results.fileno(), Ready(spec.worker_id, os.getpid(), state))
     # Our own collate functions in a worker deferring torch return NumPy leaves
     # that stand for tensors: mark them so the main process makes tensors.
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
@@ -171,9 +172,10 @@ def _serve(
     # ended epoch left it).
     epoch: int | None = -1 if spec.new_epoch_first else None
     first_of_epoch = True
+    inbox, out = FrameReader(tasks.fileno()), results.fileno()
     while True:
         try:
-            message: MainMessage = tasks.recv()
+            message: MainMessage = inbox.recv()
         except (EOFError, OSError):
             return  # the main process is gone
         match message:
@@ -205,7 +207,7 @@ def _serve(
                     reply = dataclasses.replace(reply, asked_worker_info=worker_info.consulted())
                 status.idle()
                 try:
-                    results.send(reply)
+                    send(out, reply)
                 except (BrokenPipeError, OSError):
                     return
             case _:

@@ -6,18 +6,16 @@ same time, both would wait forever. So the main process's end of each task
 pipe is non-blocking: what does not fit now waits here, and the pool writes
 it when the pipe has room, while it keeps reading results.
 
-Frames are multiprocessing's (a 4-byte big-endian length, or -1 and an
-8-byte length beyond 2 GiB, then the pickle), so the worker reads them with
-``Connection.recv()`` as usual.
+Frames are those of :mod:`conveyor._workers.wire`, which the worker reads.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from collections import deque
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+from . import wire
 
 
 class Outbox:
@@ -35,21 +33,17 @@ class Outbox:
 
         Raises BrokenPipeError when the worker is gone (the caller decides).
         """
-        data = memoryview(ForkingPickler.dumps(message))
-        n = data.nbytes
-        header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+        data = memoryview(wire.encode(message))
         if self._queue:
-            self._queue += (memoryview(header), data)
+            self._queue.append(data)
             self.flush()
             return
         try:
-            written = os.writev(self.fd, (header, data))  # one system call, no copy
+            written = os.write(self.fd, data)
         except BlockingIOError:
             written = 0
-        if written < len(header):
-            self._queue += (memoryview(header)[written:], data)
-        elif written < len(header) + n:
-            self._queue.append(data[written - len(header) :])
+        if written < data.nbytes:
+            self._queue.append(data[written:])
 
     def flush(self) -> bool:
         """Write queued bytes until the pipe is full; True when nothing is left."""

@@ -38,8 +38,10 @@ from .outbox import Outbox
 from .protocol import Ready, SeedPipe, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
+from .wire import FrameReader
 
 STOP_GRACE_S = 2.0
+_RESULT, _DEATH, _TASK = "result", "death", "task"  # what a selector key watches
 TERMINATE_GRACE_S = 1.0
 
 
@@ -91,12 +93,16 @@ class _Worker:
     stacks: int  # read end of the pipe the worker's faulthandler writes stacks to
     decoder: Decoder = field(init=False)
     outbox: Outbox = field(init=False)
+    reader: FrameReader = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
     handle: WorkerHandle = field(init=False)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
         self.outbox = Outbox(self.tasks.fileno())
+        # Read only when the selector says so, and never block on a half-written frame.
+        os.set_blocking(self.results.fileno(), False)
+        self.reader = FrameReader(self.results.fileno())
         self.handle = WorkerHandle(self.process)
 
     @property
@@ -138,6 +144,9 @@ class WorkerPool:
         self._each_start = False  # they must be pickled with each worker's start instead
         self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
+        # One selector for the pool's life: building one per wait costs more than the wait.
+        self._selector = selectors.DefaultSelector()
+        self._writing: set[int] = set()  # task pipes registered for writability
         try:
             for spec in specs:
                 self._workers.append(self._start(spec))
@@ -150,9 +159,19 @@ class WorkerPool:
             self._setup = _serialize_once(self._user, self._method)
             self._each_start = self._setup is None
         self._loading.add(spec.worker_id)
-        return _start_worker(
+        worker = _start_worker(
             self._context, self._method, spec, self._user, self._setup, self._preload
         )
+        self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
+        self._selector.register(worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker))
+        return worker
+
+    def _unwatch(self, worker: _Worker) -> None:
+        """Stop watching a worker's pipes and sentinel (before they are closed)."""
+        for obj in (worker.results, worker.process.sentinel, worker.outbox.fd):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(obj)
+        self._writing.discard(worker.outbox.fd)
 
     @property
     def num_workers(self) -> int:
@@ -193,72 +212,80 @@ class WorkerPool:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 worker.outbox.send(SeedPipe(seed))
 
-    def wait(self, timeout: float | None, expect: int | None = None) -> list[PoolEvent]:
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
         """Block until a worker sends something or dies, or ``timeout`` passes ([]).
 
-        ``expect`` names the worker whose answer is due next: if it has already
-        answered, that is read without building a selector over every pipe.
+        Messages already read (one read takes every frame a pipe holds) come first,
+        without waiting; tasks queued for full pipes are written meanwhile.
         """
-        if expect is not None:
-            worker = self._workers[expect]
-            # (EOF polls readable too: a dead worker falls through to the full wait.)
-            if worker.results.poll():
-                event = self._receive(worker)
-                if event is not None:
-                    return [event]
-        by_conn = {w.results: w for w in self._workers}
-        by_sentinel = {w.process.sentinel: w for w in self._workers}
-        ready = self._wait_and_write([*by_conn, *by_sentinel], timeout)
         events: list[PoolEvent] = []
-        for obj in ready:
-            if obj in by_conn:
-                event = self._receive(by_conn[obj])
-                if event is not None:
-                    events.append(event)
-        for obj in ready:
-            if obj in by_sentinel:
-                events += self._died(by_sentinel[obj])
+        for worker in self._workers:
+            if worker.reader.holds_frame:
+                events += self._received(worker, worker.reader.buffered())
+        if events:
+            return events
+        deaths: list[_Worker] = []
+        for key, mask in self._select(timeout):
+            role, worker = key.data
+            if role == _RESULT:
+                messages = worker.reader.read()
+                if worker.reader.eof:  # it exited: its sentinel says the rest
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._selector.unregister(worker.results)
+                events += self._received(worker, messages)
+            elif role == _DEATH:
+                deaths.append(worker)
+            elif mask & selectors.EVENT_WRITE:
+                try:
+                    worker.outbox.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    worker.outbox.clear()  # it died: its sentinel says so
+        for worker in deaths:
+            events += self._died(worker)
         return events
 
-    def _wait_and_write(self, readers: list[Any], timeout: float | None) -> list[Any]:
-        """``connection.wait(readers, timeout)``, writing queued tasks meanwhile as
-        their pipes drain: the main process never blocks on a write."""
+    def _select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        """The selector's answer, with every task pipe that has queued bytes watched for
+        room: the main process never blocks on a write. Returns early with nothing when
+        only writes happened before ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            writers = {w.outbox.fd: w for w in self._workers if w.outbox.pending}
+            self._watch_writers()
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not writers:
-                return wait(readers, timeout=remaining)
-            with selectors.DefaultSelector() as selector:
-                for obj in readers:
-                    selector.register(obj, selectors.EVENT_READ)
-                for fd in writers:
-                    selector.register(fd, selectors.EVENT_WRITE)
-                found = selector.select(remaining)
-            ready = [key.fileobj for key, events in found if events & selectors.EVENT_READ]
-            for key, events in found:
-                if events & selectors.EVENT_WRITE:
-                    outbox = writers[key.fd].outbox
-                    try:
-                        outbox.flush()
-                    except (BrokenPipeError, ConnectionResetError):
-                        outbox.clear()  # it died: its sentinel says so
-            if ready or (deadline is not None and time.monotonic() >= deadline):
-                return ready
+            found = self._selector.select(remaining)
+            if any(key.data[0] != _TASK for key, _ in found):
+                return found
+            for key, _ in found:  # only room to write: write, and wait again
+                worker = key.data[1]
+                try:
+                    worker.outbox.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    worker.outbox.clear()
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
 
-    def _receive(self, worker: _Worker) -> Received | None:
-        try:
-            message = worker.results.recv()
-        except (EOFError, OSError):
-            return None  # it died; its sentinel tells the rest
-        if isinstance(message, (Ready, StartupFailed)):
-            self._loaded(worker.worker_id)
-        payload = getattr(message, "payload", None)
-        if isinstance(payload, SlotPayload):
-            # Map on receipt: the batch stays readable if the worker dies before
-            # the user takes it (the fd is closed when the worker is replaced).
-            worker.arena.view(payload.slot)
-        return Received(worker.worker_id, message, worker)
+    def _watch_writers(self) -> None:
+        for worker in self._workers:
+            fd = worker.outbox.fd
+            if worker.outbox.pending and fd not in self._writing:
+                self._selector.register(fd, selectors.EVENT_WRITE, (_TASK, worker))
+                self._writing.add(fd)
+            elif not worker.outbox.pending and fd in self._writing:
+                self._selector.unregister(fd)
+                self._writing.discard(fd)
+
+    def _received(self, worker: _Worker, messages: list[Any]) -> list[PoolEvent]:
+        events: list[PoolEvent] = []
+        for message in messages:
+            if isinstance(message, (Ready, StartupFailed)):
+                self._loaded(worker.worker_id)
+            payload = getattr(message, "payload", None)
+            if isinstance(payload, SlotPayload):
+                # Map on receipt: the batch stays readable if the worker dies before
+                # the user takes it (the fd is closed when the worker is replaced).
+                worker.arena.view(payload.slot)
+            events.append(Received(worker.worker_id, message, worker))
+        return events
 
     def _loaded(self, worker_id: int) -> None:
         """A worker is past loading the user's objects; free them once all are."""
@@ -269,17 +296,8 @@ class WorkerPool:
 
     def _died(self, worker: _Worker) -> list[PoolEvent]:
         """Whatever the dead worker sent before dying, then its death."""
-        events: list[PoolEvent] = []
-        while True:
-            try:
-                if not worker.results.poll():
-                    break
-            except (OSError, EOFError):
-                break
-            event = self._receive(worker)
-            if event is None:
-                break
-            events.append(event)
+        events = self._received(worker, worker.reader.drain())
+        self._unwatch(worker)
         worker.process.join(timeout=1.0)
         status = read_status(worker.arena.status_page)
         events.append(Died(worker.worker_id, worker.pid, worker.process.exitcode, status))
@@ -312,6 +330,7 @@ class WorkerPool:
             old.process.kill()
             old.process.join()
         _kill_descendants(old)
+        self._unwatch(old)
         _release(old)
         self._retired.append(old)
         self._workers[worker_id] = self._start(self._specs[worker_id])
@@ -369,12 +388,14 @@ class WorkerPool:
                 worker.outbox.send(Stop())  # after any queued task; escalation follows
         _escalate([w.process for w in self._workers])
         for worker in self._workers:
+            self._unwatch(worker)
             _kill_descendants(worker)
             _release(worker)
             worker.arena.drop_maps()
         for worker in self._retired:
             worker.arena.drop_maps()
         self._retired.clear()
+        self._selector.close()
         if self._setup is not None:
             os.close(self._setup)
             self._setup = None

@@ -1,0 +1,251 @@
+"""Frames on the pipes between the main process and a worker.
+
+Every message travels as one frame: an 8-byte little-endian length, then a body whose
+first byte says how the rest is encoded. The two messages sent once per batch have a
+fixed binary layout (``struct``), which costs a fraction of pickling a dataclass:
+
+- ``T``: a :class:`Task` without excluded indices; its ``index`` (whatever the sampler
+  yielded) is pickled, so its types come back exactly.
+- ``B``: a :class:`BatchDone` whose payload is a :class:`SlotPayload` and that carries
+  nothing else (no skipped samples, no state).
+
+Every other message is pickled whole (``P``), with multiprocessing's pickler.
+
+Readers are buffered: one ``read`` takes every frame the pipe holds, so a worker that
+has several tasks queued, or a main process with several batches waiting, pays one
+system call for all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from .._transport.arena import SlotInfo
+from .._transport.codec import SlotPayload
+from .protocol import BatchDone, Task
+
+_LENGTH = struct.Struct("<Q")
+# epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
+_TASK = struct.Struct("<qqqBI")
+_TASK_TRACE, _TASK_WANT_STATE = 1, 2
+# epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count
+_BATCH = struct.Struct("<qqdqqqII")
+_PAIR = struct.Struct("<qq")
+_KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
+READ_SIZE = 1 << 16
+
+
+def encode(message: Any) -> bytes:
+    """One whole frame (length included) for ``message``."""
+    kind = type(message)
+    if kind is Task and not message.exclude:
+        body = _encode_task(message)
+    elif kind is BatchDone and _plain_batch(message):
+        body = _encode_batch(message)
+    else:
+        body = _KIND_PICKLE + bytes(ForkingPickler.dumps(message))
+    return _LENGTH.pack(len(body)) + body
+
+
+def _encode_task(task: Task) -> bytes:
+    flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
+    released = task.released
+    head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
+    ids = struct.pack(f"<{len(released)}q", *released) if released else b""
+    return b"".join((_KIND_TASK, head, ids, pickle.dumps(task.index, pickle.HIGHEST_PROTOCOL)))
+
+
+def _plain_batch(message: BatchDone) -> bool:
+    return (
+        type(message.payload) is SlotPayload
+        and not message.skipped
+        and message.state is None
+        and message.epoch_state is None
+        and message.asked_worker_info is None
+    )
+
+
+def _encode_batch(message: BatchDone) -> bytes:
+    payload: SlotPayload = message.payload
+    slot, layout, retired = payload.slot, payload.layout, payload.retired
+    head = _BATCH.pack(
+        message.epoch,
+        message.seq,
+        message.busy_s,
+        slot.slot_id,
+        slot.offset,
+        slot.size,
+        len(layout),
+        len(retired),
+    )
+    pairs = struct.pack(f"<{2 * len(layout)}q", *(n for pair in layout for n in pair))
+    ids = struct.pack(f"<{len(retired)}q", *retired) if retired else b""
+    return b"".join((_KIND_BATCH, head, pairs, ids, payload.meta))
+
+
+class Decoder:
+    """Bodies back into messages (keeps the slots it has seen: they are reused)."""
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[int, int, int], SlotInfo] = {}
+
+    def decode(self, body: memoryview) -> Any:
+        kind = body[:1]
+        if kind == _KIND_TASK:
+            return _decode_task(body)
+        if kind == _KIND_BATCH:
+            return self._decode_batch(body)
+        if kind == _KIND_PICKLE:
+            return pickle.loads(body[1:])
+        raise ValueError(f"unknown frame kind {bytes(kind)!r} on a conveyor worker pipe")
+
+    def _decode_batch(self, body: memoryview) -> BatchDone:
+        epoch, seq, busy, slot_id, offset, size, n_layout, n_retired = _BATCH.unpack_from(body, 1)
+        at = 1 + _BATCH.size
+        numbers = struct.unpack_from(f"<{2 * n_layout}q", body, at)
+        layout = tuple(zip(numbers[::2], numbers[1::2], strict=True))
+        at += 16 * n_layout
+        retired = struct.unpack_from(f"<{n_retired}q", body, at) if n_retired else ()
+        at += 8 * n_retired
+        key = (slot_id, offset, size)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = SlotInfo(slot_id, offset, size)
+        return BatchDone(epoch, seq, SlotPayload(slot, bytes(body[at:]), layout, retired), (), busy)
+
+
+def _decode_task(body: memoryview) -> Task:
+    epoch, seq, first_sample, flags, n_released = _TASK.unpack_from(body, 1)
+    at = 1 + _TASK.size
+    released = struct.unpack_from(f"<{n_released}q", body, at) if n_released else ()
+    index = pickle.loads(body[at + 8 * n_released :])
+    return Task(
+        epoch,
+        seq,
+        index,
+        released,
+        bool(flags & _TASK_TRACE),
+        (),
+        first_sample,
+        bool(flags & _TASK_WANT_STATE),
+    )
+
+
+class FrameReader:
+    """Frames from one pipe, read in large chunks.
+
+    :meth:`recv` blocks for one message (the worker's side); :meth:`read` takes what one
+    ``read`` brings and returns the messages completed so far (the main process's side,
+    on a non-blocking descriptor the selector said is readable). A frame larger than a
+    read is gathered into a buffer of its own size, so a huge batch costs no re-copying.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._data = b""  # read, not yet parsed from _at on (immutable: views stay valid)
+        self._at = 0
+        self._large: bytearray | None = None  # the body of a large frame being read
+        self._large_filled = 0
+        self._decoder = Decoder()
+        self.eof = False
+
+    def recv(self) -> Any:
+        """The next message; blocks until it is whole. EOFError once the peer is gone."""
+        while True:
+            for message in self._parsed(limit=1):
+                return message
+            self._fill()
+
+    def read(self) -> list[Any]:
+        """The messages one read completes (none if it brought only part of one)."""
+        try:
+            self._fill()
+        except BlockingIOError:
+            pass
+        except EOFError:
+            self.eof = True
+        return list(self._parsed())
+
+    def buffered(self) -> list[Any]:
+        """The whole messages already read, without reading."""
+        return list(self._parsed())
+
+    @property
+    def holds_frame(self) -> bool:
+        """Whether a whole frame has been read and not yet parsed."""
+        if self._large is not None:
+            return self._large_filled == len(self._large)
+        data, at = self._data, self._at
+        if len(data) - at < _LENGTH.size:
+            return False
+        (length,) = _LENGTH.unpack_from(data, at)
+        return len(data) - at - _LENGTH.size >= length
+
+    def drain(self) -> list[Any]:
+        """Every message left in a pipe whose writer is gone (or has nothing more now)."""
+        messages = self.buffered()
+        while not self.eof:
+            try:
+                self._fill()
+            except BlockingIOError:
+                break
+            except EOFError:
+                self.eof = True
+            except OSError:  # closed under us
+                break
+            messages += self._parsed()
+        return messages
+
+    def _fill(self) -> None:
+        if self._large is not None:
+            with memoryview(self._large) as view:
+                count = os.readv(self.fd, [view[self._large_filled :]])
+            if not count:
+                raise EOFError("the other end of the pipe is closed")
+            self._large_filled += count
+            return
+        chunk = os.read(self.fd, READ_SIZE)
+        if not chunk:
+            raise EOFError("the other end of the pipe is closed")
+        self._data = self._data[self._at :] + chunk if self._at < len(self._data) else chunk
+        self._at = 0
+
+    def _parsed(self, limit: int | None = None) -> Iterator[Any]:
+        count = 0
+        while limit is None or count < limit:
+            large = self._large
+            if large is not None:
+                if self._large_filled < len(large):
+                    return
+                self._large = None
+                count += 1
+                yield self._decoder.decode(memoryview(large))
+                continue
+            data, at = self._data, self._at
+            if len(data) - at < _LENGTH.size:
+                return
+            (length,) = _LENGTH.unpack_from(data, at)
+            start, end = at + _LENGTH.size, at + _LENGTH.size + length
+            if end > len(data):
+                if length > READ_SIZE:  # gather the rest in place
+                    self._large = bytearray(length)
+                    self._large_filled = len(data) - start
+                    self._large[: self._large_filled] = memoryview(data)[start:]
+                    self._data, self._at = b"", 0
+                return
+            self._at = end
+            count += 1
+            yield self._decoder.decode(memoryview(data)[start:end])
+
+
+def send(fd: int, message: Any) -> None:
+    """Write one message to a blocking descriptor (the worker's side), whole."""
+    with memoryview(encode(message)) as data:
+        while data:
+            written = os.write(fd, data)
+            data = data[written:]
