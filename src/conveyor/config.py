@@ -164,6 +164,7 @@ class LoaderConfig:
     preflight: bool = True
     reseed: str = "worker"  # see conveyor._reseed
     snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
+    run_ahead: bool = True  # small batches: tasks beyond prefetch_factor (see DataLoader)
 
     @property
     def dataset_keeps_state(self) -> bool:

@@ -65,7 +65,11 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     share, an object spawn cannot pickle, a huge Python list every worker copies,
     threads or CUDA before fork, a low open-file limit). An error is raised before
     any worker starts; a warning is a ``PreflightWarning``, once per loader. The
-    checks take a few milliseconds; ``preflight=False`` skips them.
+    checks take a few milliseconds; ``preflight=False`` skips them. ``run_ahead``
+    (default True): a worker whose batches are small (all its shared memory within
+    8 MiB) takes up to 6 tasks beyond ``prefetch_factor``, so that on few cores it
+    rarely sleeps waiting for work; False keeps exactly ``prefetch_factor`` per worker,
+    as torch does.
     ``conveyor.check(loader)`` prints the full report.
     """
 
@@ -80,6 +84,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         "preflight",
         "snapshot_every_n_steps",
         "reseed",
+        "run_ahead",
     )
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
@@ -112,6 +117,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         preflight: bool = True,
         snapshot_every_n_steps: int | None = 1,
         reseed: str = "worker",
+        run_ahead: bool = True,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -172,6 +178,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
                 f"got {snapshot_every_n_steps!r}"
             )
         self.snapshot_every_n_steps = every
+        if not isinstance(run_ahead, bool):
+            raise ConfigError(f"run_ahead must be True or False, got {run_ahead!r}")
+        self.run_ahead = run_ahead
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -284,6 +293,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             preflight=self.preflight,
             reseed=check_reseed(self.reseed),
             snapshot_every_n_steps=self.snapshot_every_n_steps,
+            run_ahead=self.run_ahead,
         )
 
     @property

@@ -98,8 +98,15 @@ def _loader(dataset: Any, start_method: str, **kwargs: Any) -> DataLoader:
 def test_dead_worker_without_restarts_raises_crash_error_naming_it(
     start_method: str, how: str, exitcode: int, words: str
 ) -> None:
-    # prefetch_factor=1: the worker holds exactly one batch when it dies, [2, 3].
-    loader = _loader(DiesAt(how, bad=3), start_method, prefetch_factor=1, max_worker_restarts=0)
+    # prefetch_factor=1 without run-ahead: the worker holds exactly one batch when it
+    # dies, [2, 3].
+    loader = _loader(
+        DiesAt(how, bad=3),
+        start_method,
+        prefetch_factor=1,
+        run_ahead=False,
+        max_worker_restarts=0,
+    )
     it = iter(loader)
     pid = next(it)[0].item()
 
@@ -125,7 +132,7 @@ def test_sample_that_kills_its_worker_every_time_is_named(
 ) -> None:
     # A crash of its own (SIGSEGV) twice is proof; SIGKILL may come from outside (the
     # OOM killer), so it takes a third death at the same sample to accuse it.
-    loader = _loader(DiesAt(how, bad=3), start_method, prefetch_factor=1)
+    loader = _loader(DiesAt(how, bad=3), start_method, prefetch_factor=1, run_ahead=False)
     it = iter(loader)
     first_pid = next(it)[0].item()
 

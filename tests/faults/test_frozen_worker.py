@@ -63,6 +63,7 @@ def _loader(method: str, sampler: FreezesWorkerOne, **kwargs: Any) -> DataLoader
         batch_sampler=sampler,
         num_workers=2,
         prefetch_factor=1,
+        run_ahead=False,  # torch's dispatch, exactly: [3] is drawn as batch 1 is handed out
         multiprocessing_context=method,
         **kwargs,
     )

@@ -20,6 +20,7 @@ import conveyor
 from conveyor import SharedMemoryExhaustedError
 from conveyor._transport import arena as arena_module
 from conveyor._transport.arena import WorkerArena, create_arena_fd
+from tests.helpers.leaks import no_leaks
 
 SCRIPT = textwrap.dedent(
     """
@@ -115,11 +116,11 @@ class Full:
 
 
 class BankingCollate:
-    """Keeps the last 8 batches it made (a memory bank, mixing with older batches)
+    """Keeps the last 16 batches it made (a memory bank, mixing with older batches)
     and checks on every call that none of them changed since."""
 
     def __init__(self) -> None:
-        self.bank: collections.deque[tuple[Any, np.ndarray]] = collections.deque(maxlen=8)
+        self.bank: collections.deque[tuple[Any, np.ndarray]] = collections.deque(maxlen=16)
 
     def __call__(self, samples: list[np.ndarray]) -> Any:
         batch = conveyor.default_collate(samples)
@@ -136,8 +137,9 @@ def test_a_batch_the_worker_still_holds_is_never_overwritten(method: str) -> Non
         Full(), batch_size=4, num_workers=1, collate_fn=BankingCollate(),
         multiprocessing_context=method,
     )  # fmt: skip
-    # The worker keeps 8 batches, more than its slots: it says so (not that this
-    # process holds them) and copies through the pipe; nothing is overwritten.
+    # The worker keeps 16 batches, more than its slots (12 with the run-ahead of small
+    # batches): it says so (not that this process holds them) and copies through the
+    # pipe; nothing is overwritten.
     with pytest.warns(conveyor.BatchesHeldWarning, match="held by arrays the worker itself"):
         seen = [int(batch[0][0]) for batch in loader]  # each batch dropped at once
     assert seen == list(range(0, 400, 4))
@@ -314,3 +316,27 @@ def test_batches_that_keep_growing_still_go_through_shared_memory() -> None:
     loader = conveyor.DataLoader(_Growing(), batch_size=None, num_workers=2)
     sizes = [(batch.numel(), int(batch[-1])) for batch in loader]
     assert sizes == [((k + 1) << 16, k % 251) for k in range(60)]
+
+
+@pytest.mark.parametrize("run_ahead", [True, False])
+def test_breaking_every_epoch_gives_back_the_slots_of_batches_never_handed_out(
+    run_ahead: bool,
+) -> None:
+    # Persistent workers and an epoch cut short (Lightning's limit_train_batches): the
+    # batches that arrived but were never handed out once kept their slots, so a few
+    # epochs later every batch went through the pipe with a false "slots held" warning.
+    loader = conveyor.DataLoader(
+        list(range(64)),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        run_ahead=run_ahead,
+    )
+    with no_leaks():
+        for _ in range(12):
+            batches = iter(loader)
+            for _ in range(3):
+                next(batches)  # then break off the epoch
+        assert [int(b[0]) for b in loader] == list(range(0, 64, 2))  # BatchesHeldWarning: error
+        del batches, loader

@@ -7,7 +7,15 @@ import gc
 import numpy as np
 import pytest
 
-from conveyor._transport.arena import MainArena, SlotInfo, WorkerArena, create_arena_fd
+from conveyor._transport.arena import (
+    MAX_RUN_AHEAD,
+    RUN_AHEAD_BYTES,
+    MainArena,
+    SlotInfo,
+    WorkerArena,
+    create_arena_fd,
+    run_ahead,
+)
 from conveyor._transport.codec import Decoder, Encoder, InlinePayload, SlotPayload
 from conveyor.collate import numpy_collate
 
@@ -73,13 +81,24 @@ def test_collate_writes_straight_into_the_leased_slot(pair):
 def test_falls_back_to_the_pipe_when_every_slot_is_held(pair):
     encoder, decoder, _ = pair
     held = []
-    for i in range(5):
+    slots = 3 + MAX_RUN_AHEAD  # small batches: max_slots, then the run-ahead's
+    for i in range(slots + 2):
         with encoder.collating():
             batch = np.full(1000, i)
         payload = encoder.encode(batch)
         held.append(decoder.decode(payload))
+        assert isinstance(payload, SlotPayload) == (i < slots)
     assert isinstance(payload, InlinePayload) and payload.slots_exhausted
-    assert [int(b[0]) for b in held] == [0, 1, 2, 3, 4]
+    assert [int(b[0]) for b in held] == list(range(slots + 2))
+
+
+def test_large_batches_get_no_slots_beyond_max_slots() -> None:
+    arena = WorkerArena(create_arena_fd(0), max_slots=2)
+    big = RUN_AHEAD_BYTES // 2
+    assert arena.acquire(big) is not None and arena.acquire(big) is not None
+    assert arena.acquire(big) is None  # run-ahead is for batches that fit its budget
+    assert run_ahead(big, 2) == 0
+    assert run_ahead(1 << 16, 6) == MAX_RUN_AHEAD
 
 
 def test_released_slots_are_reused(pair):
@@ -220,3 +239,64 @@ def test_the_main_process_drops_its_maps_of_retired_slots() -> None:
     assert float(big[-1]) == 1.0
     assert set(main._maps) == {payload.slot.slot_id}
     main.close()
+
+
+def _collated(encoder, samples):
+    with encoder.collating():
+        return numpy_collate(samples)
+
+
+@pytest.mark.parametrize("as_tensors", [False, True])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: [(np.full(4, i, np.float32), i) for _ in range(8)],  # tuples: a list
+        lambda i: [{"x": np.full((2, 3), i, np.int16), "y": float(i)} for _ in range(5)],
+        lambda i: [np.full(3, i, np.uint8) for _ in range(6)],  # one array: not a container
+    ],
+    ids=["list", "dict", "array"],
+)
+def test_batches_shaped_alike_reuse_the_pickle_and_decode_the_same(
+    pair, monkeypatch, make, as_tensors
+):
+    if as_tensors:
+        pytest.importorskip("torch")
+    encoder, decoder, _ = pair
+    encoder.arrays_as_tensors = as_tensors
+    outs = [decoder.decode(encoder.encode(_collated(encoder, make(0))))]
+    known = bool(encoder._metas)
+    assert known == isinstance(outs[0], (list, dict))  # containers of arrays only
+    if known:  # from now on nothing may be pickled: the first batch's pickle is reused
+        from conveyor._transport import codec
+
+        monkeypatch.setattr(codec, "dumps", _never_pickled)
+    outs += [decoder.decode(encoder.encode(_collated(encoder, make(i)))) for i in (1, 2, 3)]
+    for i, out in enumerate(outs):
+        want = _leaves(numpy_collate(make(i)))
+        got = _leaves(out)
+        assert len(got) == len(want)
+        for value, ref in zip(got, want, strict=True):
+            if as_tensors:
+                assert type(value).__name__ == "Tensor"
+            value = np.asarray(value)
+            assert (value.dtype, value.shape) == (ref.dtype, ref.shape)
+            np.testing.assert_array_equal(value, ref)
+
+
+def _leaves(batch):
+    if isinstance(batch, dict):
+        return list(batch.values())
+    return list(batch) if isinstance(batch, list) else [batch]
+
+
+def _never_pickled(*args, **kwargs):
+    raise AssertionError("a batch shaped like the last one was pickled again")
+
+
+def test_a_new_shape_is_pickled_anew(pair):
+    encoder, decoder, _ = pair
+    for n in (3, 5, 3):
+        samples = [(np.full(n, k), k) for k in range(n)]
+        batch = decoder.decode(encoder.encode(_collated(encoder, samples)))
+        assert batch[0].shape == (n, n) and batch[1].tolist() == list(range(n))
+    assert len(encoder._metas) == 2  # one per structure seen

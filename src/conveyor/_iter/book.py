@@ -212,6 +212,7 @@ class TaskBook:
     ) -> None:
         self.num_workers = num_workers
         self.prefetch = prefetch
+        self.run_ahead = 0  # tasks per worker beyond prefetch (allow_run_ahead)
         self.in_order = in_order
         self.iterable = iterable
         self.auto_collation = auto_collation
@@ -243,6 +244,9 @@ class TaskBook:
             record.active = True
             record.in_flight = 0
         self._active = self.num_workers  # workers still active (iterable datasets)
+        # An epoch starts with prefetch alone: after a break, the slots of the last epoch's
+        # tasks still out must come back before a worker can run ahead again.
+        self.run_ahead = 0
 
     # --- epochs ---------------------------------------------------------------------
 
@@ -274,17 +278,25 @@ class TaskBook:
         self._skipped.add(self.next_seq)
         self.next_seq += 1
 
-    @property
-    def initial_tasks(self) -> int:
-        return self.prefetch * self.num_workers
-
     # --- dispatch -------------------------------------------------------------------
+
+    def allow_run_ahead(self, per_worker: int) -> None:
+        """Let each worker take up to ``per_worker`` tasks beyond ``prefetch`` (the loop
+        allows it for small batches: see conveyor._transport.arena.RUN_AHEAD_BYTES)."""
+        self.run_ahead = per_worker
+
+    def wants_task(self) -> bool:
+        """Whether another task goes out now: fewer than ``prefetch`` (plus the run-ahead)
+        per worker are sent and not handed out, and the sampler has more."""
+        if self._sampler_done or self._fatal is not None:
+            return False
+        return len(self.tasks) < (self.prefetch + self.run_ahead) * self.num_workers
 
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._fatal is not None:
             return None
-        capacity = self.prefetch * self.num_workers // max(1, self._active)
+        capacity = (self.prefetch + self.run_ahead) * self.num_workers // max(1, self._active)
         for _ in range(self.num_workers):
             worker_id = self._cursor
             self._cursor = (self._cursor + 1) % self.num_workers

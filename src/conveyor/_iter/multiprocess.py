@@ -22,7 +22,8 @@ from .. import _torch
 from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
-from .._transport.codec import InlinePayload, Payload
+from .._transport.arena import run_ahead
+from .._transport.codec import InlinePayload, Payload, SlotPayload
 from .._workers.events import Died, PoolEvent, Received
 from .._workers.loop import UserObjects, WorkerSpec
 from .._workers.pool import WorkerPool
@@ -151,6 +152,8 @@ class MultiprocessIterator:
             now=time.monotonic(),
         )
         restored = _worker_states(resume, config) if self._per_worker else None
+        self._base_slots = config.prefetch_factor + SLOTS_BEYOND_PREFETCH
+        self._slot_size = 0  # of the last batch: small ones run ahead (see _on_message)
         self._specs = [
             WorkerSpec(
                 worker_id=i,
@@ -159,7 +162,7 @@ class MultiprocessIterator:
                 iterable=config.iterable,
                 auto_collation=config.auto_collation,
                 drop_last=config.drop_last,
-                max_slots=config.prefetch_factor + SLOTS_BEYOND_PREFETCH,
+                max_slots=self._base_slots,
                 parent_pid=os.getpid(),
                 skip_errors=config.policy.skipping,
                 tensors_in_main=_torch.load() is not None,
@@ -169,6 +172,7 @@ class MultiprocessIterator:
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=finished and restored is not None,
                 pipe_seed=pipe_seed,
+                run_ahead=config.run_ahead,
             )
             for i in range(config.num_workers)
         ]
@@ -303,6 +307,7 @@ class MultiprocessIterator:
     # --- epochs and dispatch ------------------------------------------------------------
 
     def _start_epoch(self, resume: ResumePoint | None) -> None:
+        self._abandon_epoch()
         epoch = self._history.next_epoch()
         self.progress.epoch = epoch
         first_seq = first_worker = 0
@@ -322,6 +327,7 @@ class MultiprocessIterator:
             self._cursor.replay_first_draw(self._first_global)
             self._first_global = None
         self.progress.start_from(resume)
+        self._slot_size = 0  # the run-ahead is allowed again when a batch of this epoch comes
         self._book.start_epoch(
             epoch,
             self._config.epoch_samples(),
@@ -329,20 +335,38 @@ class MultiprocessIterator:
             first_seq=first_seq,
             first_worker=first_worker,
         )
-        for _ in range(self._book.initial_tasks):
-            self._dispatch()
+        self._top_up()
 
-    def _dispatch(self) -> None:
+    def _abandon_epoch(self) -> None:
+        """Before a new epoch on the same workers (after a ``break``): give back the
+        slots of batches that arrived and were never handed out, and count the tasks
+        still out, whose replies will be discarded as they come."""
+        self._stale = [0] * self._config.num_workers
+        for entry in getattr(self._book, "tasks", {}).values():
+            payload = getattr(entry.reply, "payload", None)
+            if entry.reply is None:
+                self._stale[entry.worker_id] += 1
+            elif payload is not None:
+                self._pool.discard(entry.origin, payload)
+
+    def _top_up(self) -> None:
+        """Send tasks until ``prefetch_factor`` per worker (plus the run-ahead small
+        batches get) are out: at the start, and as batches arrive and are handed out."""
+        while self._book.wants_task() and self._dispatch():
+            pass
+
+    def _dispatch(self) -> bool:
+        """Send the sampler's next batch to the next worker; False if none was sent."""
         worker_id = self._book.next_worker()
         if worker_id is None:
-            return
+            return False
         cursor = self._cursor
         while True:
             seq = cursor.drawn
             index = cursor.next()
             if index is END:
                 self._book.sampler_ended()
-                return
+                return False
             if seq not in self._done_before:
                 break
             self._book.skip_seq()  # handed out before the state was taken (in_order=False)
@@ -354,6 +378,7 @@ class MultiprocessIterator:
             want_state=self._per_worker and self._config.snapshot_every_n_steps > 0,
         )
         self._pool.send(worker_id, task)
+        return True
 
     def _await_ready(self) -> None:
         """Block until every worker has started (and reported its state)."""
@@ -403,7 +428,7 @@ class MultiprocessIterator:
 
     def _hand_out(self, entry: Entry) -> Any:
         reply = entry.reply
-        self._dispatch()  # one more task per task handed out, as torch does
+        self._top_up()  # one more task per task handed out, as torch does
         empty = not isinstance(reply, TaskFailed) and getattr(reply, "payload", None) is None
         state = getattr(reply, "state", None)
         self.progress.handed_out(
@@ -498,6 +523,19 @@ class MultiprocessIterator:
                 if not self._book.on_reply(worker_id, message, origin, time.monotonic()):
                     # A batch of an epoch the user abandoned: just free its slot.
                     self._pool.discard(origin, getattr(message, "payload", None))
+                    self._stale[worker_id] = max(0, self._stale[worker_id] - 1)
+                    return
+                payload = getattr(message, "payload", None)
+                if (
+                    self._config.run_ahead
+                    and isinstance(payload, SlotPayload)
+                    and payload.slot.size != self._slot_size
+                    # Not while slots of an abandoned epoch are still to come back.
+                    and not any(self._stale)
+                ):
+                    self._slot_size = payload.slot.size
+                    self._book.allow_run_ahead(run_ahead(self._slot_size, self._base_slots))
+                self._top_up()  # a worker may have room again (run-ahead)
             case _:
                 assert_never(message)
 
@@ -509,6 +547,7 @@ class MultiprocessIterator:
             self.progress.worker_reported(worker_id, pickle.loads(state))
 
     def _on_death(self, died: Died) -> None:
+        self._stale[died.worker_id] = 0  # its abandoned tasks will never be answered
         decision = self._book.on_death(died, time.monotonic())
         if decision is None:
             return  # the book gives up: the error comes at its place in the order

@@ -33,6 +33,11 @@ _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 _RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
 _OVERSIZED_MIN_BYTES = 1 << 20  # smaller slots are not worth giving back
+# Small batches run further ahead than prefetch_factor: a worker whose queue never runs
+# dry never sleeps, and on few cores every sleep and wake-up costs more than the batch.
+# Up to MAX_RUN_AHEAD more tasks per worker, while all of its slots fit RUN_AHEAD_BYTES.
+RUN_AHEAD_BYTES = 8 << 20
+MAX_RUN_AHEAD = 6
 ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
 SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
@@ -46,6 +51,13 @@ def create_arena_fd(worker_id: int) -> int:
 
 def map_status_page(fd: int) -> memoryview:
     return memoryview(mmap.mmap(fd, PAGE, mmap.MAP_SHARED, offset=0))
+
+
+def run_ahead(slot_bytes: int, base_slots: int) -> int:
+    """Tasks a worker may take beyond prefetch for batches in slots of ``slot_bytes``,
+    when it keeps ``base_slots`` slots without running ahead (see RUN_AHEAD_BYTES)."""
+    fit = RUN_AHEAD_BYTES // max(slot_bytes, 1) - base_slots
+    return max(0, min(MAX_RUN_AHEAD, fit))
 
 
 def round_up(n: int, to: int = PAGE) -> int:
@@ -62,9 +74,10 @@ class SlotInfo:
 class WorkerArena:
     """The worker's side: hands out slots, grows the memfd, keeps maps."""
 
-    def __init__(self, fd: int, max_slots: int) -> None:
+    def __init__(self, fd: int, max_slots: int, *, run_ahead: bool = True) -> None:
         self._fd = fd
         self._max_slots = max_slots
+        self._run_ahead = run_ahead
         self.status_page = map_status_page(fd)
         self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
@@ -121,12 +134,12 @@ class WorkerArena:
             if slot.size >= nbytes and (best is None or slot.size < best.size):
                 best = slot
         if best is None:
-            if len(self._slots) >= self._max_slots:
-                if not self._free:
-                    return None  # every slot is in use
+            if len(self._slots) >= self._max_slots and self._free:
                 # Batches outgrew the free slots (length bucketing, a curriculum):
                 # the largest of them makes room for one of today's size.
                 self._retire(max(self._free, key=lambda i: self._slots[i].size))
+            elif not self._may_grow(nbytes):
+                return None  # every slot is in use
             best = self._grow(nbytes)
         else:
             self._free.discard(best.slot_id)
@@ -139,6 +152,15 @@ class WorkerArena:
         # A plain weak reference with a callback: far cheaper per batch than finalize.
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
+
+    def _may_grow(self, nbytes: int) -> bool:
+        """Room for one more slot: up to ``max_slots``, and beyond while small (run-ahead)."""
+        count = len(self._slots)
+        if count < self._max_slots:
+            return True
+        if not self._run_ahead or count >= self._max_slots + MAX_RUN_AHEAD:
+            return False
+        return self.reserved_bytes() + _slot_size(nbytes) <= RUN_AHEAD_BYTES
 
     def take_retired(self) -> tuple[int, ...]:
         """Slots given up since the last call: the main process drops its maps of them."""

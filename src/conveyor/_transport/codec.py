@@ -139,8 +139,17 @@ def dumps(
 class Encoder:
     """Worker side. ``encode`` raises whatever pickling raises (the caller names the culprit)."""
 
-    def __init__(self, arena: WorkerArena, *, arrays_as_tensors: bool = False) -> None:
+    def __init__(
+        self,
+        arena: WorkerArena,
+        *,
+        arrays_as_tensors: bool = False,
+        reclaim: Callable[[], bool] | None = None,
+    ) -> None:
         self.arena = arena
+        # Called when no slot is free: applies releases the main process has sent but
+        # this worker has not read yet; True if it freed any (see _workers/inbox.py).
+        self._reclaim = reclaim
         # The batch came from our default collate in a worker deferring torch:
         # its NumPy leaves stand for tensors (see conveyor._torch).
         self.arrays_as_tensors = arrays_as_tensors
@@ -243,6 +252,8 @@ class Encoder:
 
     def _acquire(self, nbytes: int) -> SlotLease | None:
         acquired = self.arena.acquire(nbytes)
+        if acquired is None and self._reclaim is not None and self._reclaim():
+            acquired = self.arena.acquire(nbytes)
         return SlotLease(*acquired) if acquired is not None else None
 
 

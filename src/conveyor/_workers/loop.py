@@ -36,11 +36,13 @@ from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
 from .fds import InheritedFd
+from .inbox import Inbox
 from .protocol import (
     BatchDone,
     IterationEnded,
     MainMessage,
     Ready,
+    Release,
     SampleFailed,
     SeedPipe,
     Stage,
@@ -51,7 +53,7 @@ from .protocol import (
 )
 from .remote_error import capture
 from .status import StatusWriter
-from .wire import FrameReader, send
+from .wire import send
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class WorkerSpec:
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
+    run_ahead: bool = True  # small batches: slots beyond max_slots (see arena.RUN_AHEAD_BYTES)
 
 
 def worker_main(
@@ -108,7 +111,7 @@ def worker_main(
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(arena_fd.fd)
-    arena = WorkerArena(arena_fd.fd, spec.max_slots)
+    arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead=spec.run_ahead)
     status = StatusWriter(arena.status_page)
     status.begin(-1, -1)
     status.stage(Stage.STARTUP)
@@ -152,8 +155,9 @@ def worker_main(
     as_tensors = spec.tensors_in_main and objects.collate_fn in (default_collate, default_convert)
     make_tensors_in_main(as_tensors)
     try:
-        encoder = Encoder(arena, arrays_as_tensors=as_tensors)
-        _serve(spec, runner, tasks, results, encoder, status)
+        inbox = Inbox(tasks.fileno(), arena)
+        encoder = Encoder(arena, arrays_as_tensors=as_tensors, reclaim=inbox.reclaim)
+        _serve(spec, runner, inbox, results, encoder, status)
     finally:
         # The process ends with os._exit (no atexit): close what the dataset
         # opened with conveyor.per_worker now.
@@ -163,7 +167,7 @@ def worker_main(
 def _serve(
     spec: WorkerSpec,
     runner: TaskRunner,
-    tasks: Connection,
+    inbox: Inbox,
     results: Connection,
     encoder: Encoder,
     status: StatusWriter,
@@ -172,7 +176,7 @@ def _serve(
     # ended epoch left it).
     epoch: int | None = -1 if spec.new_epoch_first else None
     first_of_epoch = True
-    inbox, out = FrameReader(tasks.fileno()), results.fileno()
+    out = results.fileno()
     while True:
         try:
             message: MainMessage = inbox.recv()
@@ -181,6 +185,8 @@ def _serve(
         match message:
             case Stop():
                 return
+            case Release():
+                encoder.arena.release(message.released)
             case SeedPipe():
                 _datapipes.seed_graph(runner.dataset, message.seed)
             case Task():

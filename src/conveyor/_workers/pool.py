@@ -35,13 +35,16 @@ from .events import Died, PoolEvent, Received
 from .fds import InheritedFd
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
-from .protocol import Ready, SeedPipe, StartupFailed, Stop, Task
+from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
 from .wire import FrameReader
 
 STOP_GRACE_S = 2.0
 _RESULT, _DEATH, _TASK = "result", "death", "task"  # what a selector key watches
+# Slots freed go to their worker with its next task; this many pending at once (a
+# discarded epoch, the end of an epoch when no task follows) go in a message of their own.
+RELEASE_ALONE = 4
 TERMINATE_GRACE_S = 1.0
 
 
@@ -204,6 +207,13 @@ class WorkerPool:
         except (BrokenPipeError, ConnectionResetError):
             worker.outbox.clear()
 
+    def _send_releases(self, worker: _Worker) -> None:
+        """Slots freed in a number no task is carrying (see RELEASE_ALONE)."""
+        try:
+            worker.outbox.send(Release(worker.take_releases()))
+        except (BrokenPipeError, ConnectionResetError):
+            worker.outbox.clear()
+
     def seed_pipes(self, seed: int) -> None:
         """A DataPipe dataset's shared seed for the next epoch: to every worker, and to
         the specs a replacement starts from."""
@@ -220,6 +230,8 @@ class WorkerPool:
         """
         events: list[PoolEvent] = []
         for worker in self._workers:
+            if len(worker.pending_releases) >= RELEASE_ALONE:
+                self._send_releases(worker)
             if worker.reader.holds_frame:
                 events += self._received(worker, worker.reader.buffered())
         if events:

@@ -56,6 +56,14 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Release:
+    """Slots the main process no longer uses, when no task is going out to carry them
+    (many at once: the batches of an abandoned epoch, or of a loop that keeps many)."""
+
+    released: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Stop:
     """Finish: exit the worker loop and release everything."""
 
@@ -143,6 +151,6 @@ class StartupFailed:
     error: RemoteError
 
 
-MainMessage = Task | Stop | SeedPipe
+MainMessage = Task | Release | Stop | SeedPipe
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
 TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task

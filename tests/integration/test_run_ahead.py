@@ -1,0 +1,90 @@
+"""Small batches run ahead of prefetch_factor (fewer sleeps on few cores), deterministically."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from conveyor import DataLoader
+from conveyor._transport.arena import MAX_RUN_AHEAD
+from tests.helpers.leaks import no_leaks
+
+
+class CountingBatches:
+    """Batches of 4 consecutive indices; counts how many the loader has drawn."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+        self.drawn = 0
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for b in range(self.batches):
+            self.drawn += 1
+            yield list(range(4 * b, 4 * b + 4))
+
+
+class RandomValues:
+    """Sample i: (i, a draw from the worker's random stream)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[int, float]:
+        return index, random.random()
+
+
+@pytest.mark.parametrize("run_ahead", [True, False])
+def test_small_batches_are_sent_beyond_prefetch_only_with_run_ahead(run_ahead: bool) -> None:
+    sampler = CountingBatches(100)
+    loader = DataLoader(
+        list(range(400)),
+        batch_sampler=sampler,
+        num_workers=2,
+        prefetch_factor=2,
+        multiprocessing_context="fork",
+        run_ahead=run_ahead,
+    )
+    with no_leaks():
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        extra = MAX_RUN_AHEAD if run_ahead else 0
+        # Topped up when the first batch arrived, then one more per batch handed out.
+        assert sampler.drawn == (2 + extra) * 2 + 1
+        assert [b.tolist()[0] for b in it] == list(range(4, 400, 4))
+        del it
+
+
+def _epochs_after_a_break(run_ahead: bool) -> list[list[float]]:
+    torch = pytest.importorskip("torch")
+    loader = DataLoader(
+        RandomValues(),
+        batch_size=2,
+        generator=torch.Generator().manual_seed(7),
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        run_ahead=run_ahead,
+    )
+    epochs = []
+    for epoch in range(3):
+        values = []
+        for n, (_, drawn) in enumerate(loader):
+            values += drawn.tolist()
+            if epoch == 0 and n == 2:
+                break  # the tasks still out run in the workers and draw from their streams
+        epochs.append(values)
+    return epochs
+
+
+def test_a_break_with_run_ahead_repeats_itself() -> None:
+    # How many tasks are out at a break does not depend on timing: the run-ahead is
+    # topped up once, when the first batch arrives, then one task per batch handed out.
+    with no_leaks():
+        first = _epochs_after_a_break(run_ahead=True)
+        assert _epochs_after_a_break(run_ahead=True) == first
+        assert len(first[1]) == len(first[2]) == 64

@@ -1,0 +1,126 @@
+"""Frames on the worker pipes: every message round-trips, however the bytes arrive."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from conveyor._transport.arena import SlotInfo
+from conveyor._transport.codec import InlinePayload, SlotPayload
+from conveyor._workers import wire
+from conveyor._workers.protocol import (
+    BatchDone,
+    Ready,
+    Release,
+    SampleFailed,
+    Stage,
+    Stop,
+    Task,
+)
+from conveyor._workers.remote_error import capture
+
+SLOT = SlotInfo(3, 4096, 65536)
+MESSAGES = [
+    Task(0, 5, list(range(256)), (1, 2)),
+    Task(2, 7, [np.int64(4), 9], (), trace=True, first_sample=12, want_state=True),
+    Task(1, 1, 17),  # batch_size=None: a single index
+    Task(1, 2, ["a", ("b", 3)], exclude=("b",)),  # excluded indices: pickled whole
+    BatchDone(0, 5, SlotPayload(SLOT, b"meta", ((0, 8), (64, 16)), (0, 1)), (), 0.25),
+    BatchDone(0, 6, SlotPayload(SLOT, b"", (), ()), (), 0.0),
+    BatchDone(0, 7, InlinePayload(b"x" * 10, slots_exhausted=True, held_in_worker=2)),
+    BatchDone(0, 8, None, (SampleFailed(3, Stage.FETCH, capture(KeyError("k"))),)),
+    BatchDone(0, 9, SlotPayload(SLOT, b"m", ((0, 8),)), state=b"state"),
+    Release((4, 5, 6)),
+    Ready(1, 1234, b"state"),
+    Stop(),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message: object) -> None:
+    frame = wire.encode(message)
+    decoded = wire.Decoder().decode(memoryview(frame)[8:])
+    if isinstance(message, BatchDone) and message.skipped:
+        assert decoded.skipped[0].error.message == message.skipped[0].error.message
+        return
+    assert decoded == message
+
+
+def test_hot_messages_take_the_fixed_layout() -> None:
+    task, batch = MESSAGES[0], MESSAGES[4]
+    assert wire.encode(task)[8:9] == b"T"
+    assert wire.encode(batch)[8:9] == b"B"
+    assert wire.encode(MESSAGES[3])[8:9] == b"P"  # exclude: the rare case, pickled
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        with contextlib.suppress(OSError):  # closed by the test
+            os.close(fd)
+
+
+def test_one_read_takes_every_frame_the_pipe_holds(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.write(w, b"".join(wire.encode(m) for m in MESSAGES[:3]))
+    reader = wire.FrameReader(r)
+    assert reader.read() == MESSAGES[:3]
+    assert not reader.holds_frame
+
+
+def test_a_frame_split_across_reads_comes_whole(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.set_blocking(r, False)
+    frame = wire.encode(MESSAGES[0])
+    reader = wire.FrameReader(r)
+    for cut in (3, 11, len(frame) - 1):  # inside the length, the body, the last byte
+        os.write(w, frame[:cut])
+        assert reader.read() == []
+        assert not reader.holds_frame
+        os.write(w, frame[cut:])
+        assert reader.read() == [MESSAGES[0]]
+
+
+def test_a_frame_larger_than_the_pipe_is_gathered_in_place(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.set_blocking(r, False)
+    big = BatchDone(1, 2, InlinePayload(os.urandom(3 * wire.READ_SIZE + 123)))
+    frame = wire.encode(big) + wire.encode(Stop())
+    reader = wire.FrameReader(r)
+    got: list[object] = []
+    for start in range(0, len(frame), 40000):  # as a worker's writes arrive
+        os.write(w, frame[start : start + 40000])
+        while True:
+            messages = reader.read()
+            got += messages
+            if not messages:
+                break
+    assert got == [big, Stop()]
+
+
+def test_blocking_recv_and_end_of_file(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    wire.send(w, MESSAGES[1])
+    wire.send(w, Stop())
+    os.close(w)
+    reader = wire.FrameReader(r)
+    assert reader.recv() == MESSAGES[1]
+    assert reader.recv() == Stop()
+    with pytest.raises(EOFError):
+        reader.recv()
+
+
+def test_drain_returns_what_a_dead_writer_left(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    os.set_blocking(r, False)
+    os.write(w, wire.encode(MESSAGES[4]) + wire.encode(MESSAGES[5])[:10])
+    os.close(w)
+    reader = wire.FrameReader(r)
+    assert reader.drain() == [MESSAGES[4]]  # the half-written frame is dropped
+    assert reader.eof
