@@ -66,10 +66,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     threads or CUDA before fork, a low open-file limit). An error is raised before
     any worker starts; a warning is a ``PreflightWarning``, once per loader. The
     checks take a few milliseconds; ``preflight=False`` skips them. ``run_ahead``
-    (default True): a worker whose batches are small (all its shared memory within
-    8 MiB) takes up to 6 tasks beyond ``prefetch_factor``, so that on few cores it
-    rarely sleeps waiting for work; False keeps exactly ``prefetch_factor`` per worker,
-    as torch does.
+    (default True): when batches are small and quick (under 1 ms of work each),
+    workers take tasks beyond ``prefetch_factor`` while their slots fit 16 MiB per
+    loader, so that on few cores they rarely sleep waiting for work; False keeps
+    exactly ``prefetch_factor`` per worker, as torch does.
     ``conveyor.check(loader)`` prints the full report.
     """
 

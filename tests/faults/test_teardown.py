@@ -219,7 +219,11 @@ def test_finished_iterator_kept_alive_holds_no_shared_memory(
 def test_keeping_every_batch_falls_back_to_the_pipe_then_frees_all(
     start_method: str, leak_check: leaks.LeakSnapshot
 ) -> None:
-    loader = DataLoader(Arrays(), batch_size=1, num_workers=2, multiprocessing_context=start_method)
+    # Without the run-ahead budget (which keeps up to 16 MiB of small batches in shared
+    # memory), the slots run out after prefetch_factor + 4 kept batches per worker.
+    loader = DataLoader(
+        Arrays(), batch_size=1, num_workers=2, multiprocessing_context=start_method, run_ahead=False
+    )
 
     with pytest.warns(
         BatchesHeldWarning,

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import DataLoader
-from conveyor._transport.arena import MAX_RUN_AHEAD
+from conveyor._iter.multiprocess import SLOTS_BEYOND_PREFETCH
+from conveyor._transport.arena import MIN_SLOT_BYTES, run_ahead, run_ahead_bytes
 from tests.helpers.leaks import no_leaks
 
 
@@ -38,24 +39,25 @@ class RandomValues:
         return index, random.random()
 
 
-@pytest.mark.parametrize("run_ahead", [True, False])
-def test_small_batches_are_sent_beyond_prefetch_only_with_run_ahead(run_ahead: bool) -> None:
-    sampler = CountingBatches(100)
+@pytest.mark.parametrize("ahead", [True, False])
+def test_small_batches_are_sent_beyond_prefetch_only_with_run_ahead(ahead: bool) -> None:
+    sampler = CountingBatches(1000)
     loader = DataLoader(
-        list(range(400)),
+        list(range(4000)),
         batch_sampler=sampler,
         num_workers=2,
         prefetch_factor=2,
         multiprocessing_context="fork",
-        run_ahead=run_ahead,
+        run_ahead=ahead,
     )
     with no_leaks():
         it = iter(loader)
-        assert next(it).tolist() == [0, 1, 2, 3]
-        extra = MAX_RUN_AHEAD if run_ahead else 0
-        # Topped up when the first batch arrived, then one more per batch handed out.
-        assert sampler.drawn == (2 + extra) * 2 + 1
-        assert [b.tolist()[0] for b in it] == list(range(4, 400, 4))
+        assert [next(it).tolist()[0] for _ in range(10)] == list(range(0, 40, 4))
+        budget = run_ahead_bytes(2)
+        extra = run_ahead(MIN_SLOT_BYTES, 2 + SLOTS_BEYOND_PREFETCH, budget) if ahead else 0
+        # Topped up when a quick batch arrived, then one more per batch handed out.
+        assert sampler.drawn == (2 + extra) * 2 + 10
+        assert [b.tolist()[0] for b in it] == list(range(40, 4000, 4))
         del it
 
 

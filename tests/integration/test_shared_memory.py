@@ -135,11 +135,11 @@ class BankingCollate:
 def test_a_batch_the_worker_still_holds_is_never_overwritten(method: str) -> None:
     loader = conveyor.DataLoader(
         Full(), batch_size=4, num_workers=1, collate_fn=BankingCollate(),
-        multiprocessing_context=method,
+        multiprocessing_context=method, run_ahead=False,
     )  # fmt: skip
-    # The worker keeps 16 batches, more than its slots (12 with the run-ahead of small
-    # batches): it says so (not that this process holds them) and copies through the
-    # pipe; nothing is overwritten.
+    # The worker keeps 16 batches, more than its slots (prefetch_factor + 4 without the
+    # run-ahead's budget): it says so (not that this process holds them) and copies
+    # through the pipe; nothing is overwritten.
     with pytest.warns(conveyor.BatchesHeldWarning, match="held by arrays the worker itself"):
         seen = [int(batch[0][0]) for batch in loader]  # each batch dropped at once
     assert seen == list(range(0, 400, 4))
@@ -154,7 +154,12 @@ def test_mapped_slots_hold_no_file_descriptor() -> None:
     gc.collect()  # other tests' loaders: their memfds have the same names
     before = collections.Counter(leaks.memfd_fds().values())
     loader = conveyor.DataLoader(
-        Full(), batch_size=4, num_workers=2, prefetch_factor=2, multiprocessing_context="fork"
+        Full(),
+        batch_size=4,
+        num_workers=2,
+        prefetch_factor=2,
+        multiprocessing_context="fork",
+        run_ahead=False,  # no slots beyond prefetch_factor + 4 for the batches kept
     )
     kept = []
     with pytest.warns(conveyor.BatchesHeldWarning):  # keeps more than the slots
@@ -165,6 +170,17 @@ def test_mapped_slots_hold_no_file_descriptor() -> None:
                 per_worker.subtract(before)
     assert len(kept) == 100
     assert per_worker and max(per_worker.values()) <= 2, per_worker
+
+
+def test_small_batches_kept_by_the_loop_stay_in_shared_memory_within_the_budget() -> None:
+    # A validation loop that keeps its small batches (list(loader)): more slots, up to
+    # the run-ahead budget (16 MiB a loader), rather than the pipe and a warning.
+    loader = conveyor.DataLoader(
+        Full(), batch_size=4, num_workers=2, prefetch_factor=2, multiprocessing_context="fork"
+    )
+    kept = list(loader)  # 100 batches of 8 KiB: a 64 KiB slot each, 6.4 MiB in all
+    assert [int(b[0][0]) for b in kept] == list(range(0, 400, 4))
+    del kept, loader
 
 
 class _Nested:

@@ -81,7 +81,7 @@ def test_collate_writes_straight_into_the_leased_slot(pair):
 def test_falls_back_to_the_pipe_when_every_slot_is_held(pair):
     encoder, decoder, _ = pair
     held = []
-    slots = 3 + MAX_RUN_AHEAD  # small batches: max_slots, then the run-ahead's
+    slots = 3  # max_slots, and no run-ahead budget
     for i in range(slots + 2):
         with encoder.collating():
             batch = np.full(1000, i)
@@ -92,13 +92,19 @@ def test_falls_back_to_the_pipe_when_every_slot_is_held(pair):
     assert [int(b[0]) for b in held] == list(range(slots + 2))
 
 
-def test_large_batches_get_no_slots_beyond_max_slots() -> None:
-    arena = WorkerArena(create_arena_fd(0), max_slots=2)
-    big = RUN_AHEAD_BYTES // 2
-    assert arena.acquire(big) is not None and arena.acquire(big) is not None
-    assert arena.acquire(big) is None  # run-ahead is for batches that fit its budget
-    assert run_ahead(big, 2) == 0
-    assert run_ahead(1 << 16, 6) == MAX_RUN_AHEAD
+def test_slots_beyond_max_slots_stay_within_the_run_ahead_budget() -> None:
+    budget = 1 << 20
+    small = WorkerArena(create_arena_fd(0), max_slots=2, run_ahead_bytes=budget)
+    held = [small.acquire(1000) for _ in range(16)]  # 64 KiB slots: 16 fit 1 MiB
+    assert all(lease is not None for lease in held)
+    assert small.acquire(1000) is None
+    assert small.reserved_bytes() <= budget
+    big = WorkerArena(create_arena_fd(0), max_slots=2, run_ahead_bytes=budget)
+    assert big.acquire(600_000) is not None and big.acquire(600_000) is not None
+    assert big.acquire(600_000) is None  # two such slots already exceed the budget
+    assert run_ahead(1 << 16, 6, budget) == 16 - 6
+    assert run_ahead(750 << 10, 2, budget) == 0
+    assert run_ahead(1 << 16, 6, RUN_AHEAD_BYTES) == min(MAX_RUN_AHEAD, 256 - 6)
 
 
 def test_released_slots_are_reused(pair):
@@ -261,17 +267,17 @@ def test_batches_shaped_alike_reuse_the_pickle_and_decode_the_same(
 ):
     if as_tensors:
         pytest.importorskip("torch")
-    encoder, decoder, _ = pair
+    encoder, decoder, released = pair
     encoder.arrays_as_tensors = as_tensors
-    outs = [decoder.decode(encoder.encode(_collated(encoder, make(0))))]
-    known = bool(encoder._metas)
-    assert known == isinstance(outs[0], (list, dict))  # containers of arrays only
-    if known:  # from now on nothing may be pickled: the first batch's pickle is reused
-        from conveyor._transport import codec
+    for i in range(4):
+        out = decoder.decode(encoder.encode(_collated(encoder, make(i))))
+        if i == 0:
+            known = bool(encoder._metas)
+            assert known == isinstance(out, (list, dict))  # containers of arrays only
+            if known:  # from now on nothing may be pickled: the first pickle is reused
+                from conveyor._transport import codec
 
-        monkeypatch.setattr(codec, "dumps", _never_pickled)
-    outs += [decoder.decode(encoder.encode(_collated(encoder, make(i)))) for i in (1, 2, 3)]
-    for i, out in enumerate(outs):
+                monkeypatch.setattr(codec, "dumps", _never_pickled)
         want = _leaves(numpy_collate(make(i)))
         got = _leaves(out)
         assert len(got) == len(want)
@@ -281,6 +287,10 @@ def test_batches_shaped_alike_reuse_the_pickle_and_decode_the_same(
             value = np.asarray(value)
             assert (value.dtype, value.shape) == (ref.dtype, ref.shape)
             np.testing.assert_array_equal(value, ref)
+        del out, got, value  # the slot is used again (max_slots=3)
+        gc.collect()
+        encoder.arena.release(tuple(released))
+        released.clear()
 
 
 def _leaves(batch):

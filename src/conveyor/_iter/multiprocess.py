@@ -22,7 +22,7 @@ from .. import _torch
 from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
-from .._transport.arena import run_ahead
+from .._transport.arena import RUN_AHEAD_BATCH_S, run_ahead, run_ahead_bytes
 from .._transport.codec import InlinePayload, Payload, SlotPayload
 from .._workers.events import Died, PoolEvent, Received
 from .._workers.loop import UserObjects, WorkerSpec
@@ -153,6 +153,7 @@ class MultiprocessIterator:
         )
         restored = _worker_states(resume, config) if self._per_worker else None
         self._base_slots = config.prefetch_factor + SLOTS_BEYOND_PREFETCH
+        self._run_ahead_bytes = run_ahead_bytes(config.num_workers) if config.run_ahead else 0
         self._slot_size = 0  # of the last batch: small ones run ahead (see _on_message)
         self._specs = [
             WorkerSpec(
@@ -172,7 +173,7 @@ class MultiprocessIterator:
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=finished and restored is not None,
                 pipe_seed=pipe_seed,
-                run_ahead=config.run_ahead,
+                run_ahead_bytes=self._run_ahead_bytes,
             )
             for i in range(config.num_workers)
         ]
@@ -525,19 +526,30 @@ class MultiprocessIterator:
                     self._pool.discard(origin, getattr(message, "payload", None))
                     self._stale[worker_id] = max(0, self._stale[worker_id] - 1)
                     return
-                payload = getattr(message, "payload", None)
-                if (
-                    self._config.run_ahead
-                    and isinstance(payload, SlotPayload)
-                    and payload.slot.size != self._slot_size
-                    # Not while slots of an abandoned epoch are still to come back.
-                    and not any(self._stale)
-                ):
-                    self._slot_size = payload.slot.size
-                    self._book.allow_run_ahead(run_ahead(self._slot_size, self._base_slots))
+                self._consider_run_ahead(message)
                 self._top_up()  # a worker may have room again (run-ahead)
             case _:
                 assert_never(message)
+
+    def _consider_run_ahead(self, message: Any) -> None:
+        """Let workers run ahead when this epoch's batches are small and quick.
+
+        Decided when the slots' size changes, which is rarely (batches alike): how many
+        tasks are out at a break then does not depend on timing, so the random draws
+        of the tasks left over, and of the next epoch, repeat from run to run.
+        """
+        payload = getattr(message, "payload", None)
+        if (
+            self._run_ahead_bytes
+            and isinstance(payload, SlotPayload)
+            and payload.slot.size != self._slot_size
+            and message.busy_s <= RUN_AHEAD_BATCH_S
+            # Not while slots of an abandoned epoch are still to come back.
+            and not any(self._stale)
+        ):
+            self._slot_size = payload.slot.size
+            extra = run_ahead(self._slot_size, self._base_slots, self._run_ahead_bytes)
+            self._book.allow_run_ahead(extra)
 
     def _reported(self, worker_id: int, state: bytes | None) -> None:
         """A worker's state when the epoch began (start-up, or a persistent worker's

@@ -33,11 +33,13 @@ _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 _RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
 _OVERSIZED_MIN_BYTES = 1 << 20  # smaller slots are not worth giving back
-# Small batches run further ahead than prefetch_factor: a worker whose queue never runs
-# dry never sleeps, and on few cores every sleep and wake-up costs more than the batch.
-# Up to MAX_RUN_AHEAD more tasks per worker, while all of its slots fit RUN_AHEAD_BYTES.
-RUN_AHEAD_BYTES = 8 << 20
-MAX_RUN_AHEAD = 6
+# Small, quick batches run further ahead than prefetch_factor: a worker whose queue never
+# runs dry never sleeps, and on few cores a sleep and wake-up costs as much as the batch.
+# A loader's workers share RUN_AHEAD_BYTES of slots for it; a worker runs ahead only while
+# its batches take under RUN_AHEAD_BATCH_S (so work left over after a break stays short).
+RUN_AHEAD_BYTES = 16 << 20
+RUN_AHEAD_BATCH_S = 0.001
+MAX_RUN_AHEAD = 256  # tasks per worker beyond prefetch, whatever the budget allows
 ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
 SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
@@ -53,10 +55,16 @@ def map_status_page(fd: int) -> memoryview:
     return memoryview(mmap.mmap(fd, PAGE, mmap.MAP_SHARED, offset=0))
 
 
-def run_ahead(slot_bytes: int, base_slots: int) -> int:
+def run_ahead_bytes(num_workers: int) -> int:
+    """Each worker's share of RUN_AHEAD_BYTES."""
+    return RUN_AHEAD_BYTES // max(1, num_workers)
+
+
+def run_ahead(slot_bytes: int, base_slots: int, budget: int) -> int:
     """Tasks a worker may take beyond prefetch for batches in slots of ``slot_bytes``,
-    when it keeps ``base_slots`` slots without running ahead (see RUN_AHEAD_BYTES)."""
-    fit = RUN_AHEAD_BYTES // max(slot_bytes, 1) - base_slots
+    when it keeps ``base_slots`` slots without running ahead and all of its slots must
+    fit ``budget`` bytes (see RUN_AHEAD_BYTES)."""
+    fit = budget // max(slot_bytes, 1) - base_slots
     return max(0, min(MAX_RUN_AHEAD, fit))
 
 
@@ -74,10 +82,12 @@ class SlotInfo:
 class WorkerArena:
     """The worker's side: hands out slots, grows the memfd, keeps maps."""
 
-    def __init__(self, fd: int, max_slots: int, *, run_ahead: bool = True) -> None:
+    def __init__(self, fd: int, max_slots: int, *, run_ahead_bytes: int = 0) -> None:
+        """``run_ahead_bytes``: beyond ``max_slots``, slots may be added while all of
+        them fit this budget (run-ahead of small batches, or held small batches)."""
         self._fd = fd
         self._max_slots = max_slots
-        self._run_ahead = run_ahead
+        self._run_ahead_bytes = run_ahead_bytes
         self.status_page = map_status_page(fd)
         self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
@@ -154,13 +164,14 @@ class WorkerArena:
         return best, base
 
     def _may_grow(self, nbytes: int) -> bool:
-        """Room for one more slot: up to ``max_slots``, and beyond while small (run-ahead)."""
+        """Room for one more slot: up to ``max_slots``, and beyond within the run-ahead
+        budget."""
         count = len(self._slots)
         if count < self._max_slots:
             return True
-        if not self._run_ahead or count >= self._max_slots + MAX_RUN_AHEAD:
+        if count >= self._max_slots + MAX_RUN_AHEAD:
             return False
-        return self.reserved_bytes() + _slot_size(nbytes) <= RUN_AHEAD_BYTES
+        return self.reserved_bytes() + _slot_size(nbytes) <= self._run_ahead_bytes
 
     def take_retired(self) -> tuple[int, ...]:
         """Slots given up since the last call: the main process drops its maps of them."""

@@ -82,7 +82,7 @@ class WorkerSpec:
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
-    run_ahead: bool = True  # small batches: slots beyond max_slots (see arena.RUN_AHEAD_BYTES)
+    run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
 
 
 def worker_main(
@@ -111,7 +111,7 @@ def worker_main(
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(arena_fd.fd)
-    arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead=spec.run_ahead)
+    arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes)
     status = StatusWriter(arena.status_page)
     status.begin(-1, -1)
     status.stage(Stage.STARTUP)
