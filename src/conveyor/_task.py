@@ -164,8 +164,20 @@ class TaskRunner:
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
         try:
-            if isinstance(fetcher, MapFetcher) and (
-                trace or exclude or self.skip_errors or per_sample
+            one_by_one = trace or exclude or per_sample
+            data = _NOT_FETCHED
+            if isinstance(fetcher, MapFetcher) and self.skip_errors and not one_by_one:
+                # Skipping needs to know which sample failed, but samples rarely fail:
+                # fetch the batch at once, and one by one only when it raises.
+                try:
+                    data = fetcher.fetch(index)
+                except Exception:
+                    if reseed is not None:
+                        reseed.before_batch(items=False)  # the draws a clean pass makes
+            if (
+                data is _NOT_FETCHED
+                and isinstance(fetcher, MapFetcher)
+                and (one_by_one or self.skip_errors)
             ):
                 assert indices is not None
                 samples, indices, failed = fetcher.fetch_each(
@@ -178,7 +190,7 @@ class TaskRunner:
                 if not samples:
                     return NothingLeft(left_out)
                 data = samples if self.auto_collation else samples[0]
-            else:
+            elif data is _NOT_FETCHED:
                 data = fetcher.fetch(index)
         except StopIteration as exc:
             if self.iterable:
@@ -209,6 +221,9 @@ class TaskRunner:
         if self.skip_errors and indices:
             return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
         return Failed(stage, error)
+
+
+_NOT_FETCHED = object()
 
 
 def _position_hook(
