@@ -343,7 +343,7 @@ class MultiprocessIterator:
         slots of batches that arrived and were never handed out, and count the tasks
         still out, whose replies will be discarded as they come."""
         self._stale = [0] * self._config.num_workers
-        for entry in getattr(self._book, "tasks", {}).values():
+        for entry in self._book.tasks.values():
             payload = getattr(entry.reply, "payload", None)
             if entry.reply is None:
                 self._stale[entry.worker_id] += 1
