@@ -461,3 +461,43 @@ def test_the_native_crash_hint_suggests_spawn_only_to_forked_workers(forked: boo
     decision = b.on_death(died(0, 0, code=SIGSEGV), 1.0)
     assert isinstance(decision, Restart)
     assert ("multiprocessing_context='spawn'" in decision.report) == forked
+
+
+def _top_up(b: TaskBook, first: int) -> list[tuple[int, int]]:
+    """Send while the book wants tasks; (worker, seq) of each sent."""
+    sent = []
+    while b.wants_task():
+        worker = b.next_worker()
+        assert worker is not None
+        sent.append((worker, b.add(worker, [first + len(sent)], now=0.0).seq))
+    return sent
+
+
+def test_run_ahead_lets_more_tasks_out_round_robin_then_one_per_hand_out() -> None:
+    b, _ = book(workers=2, prefetch=2)
+    assert len(_top_up(b, 0)) == 4  # torch's count: prefetch x workers
+    b.allow_run_ahead(3)
+    more = _top_up(b, 4)
+    assert more == [(0, 4), (1, 5), (0, 6), (1, 7), (0, 8), (1, 9)]  # still round-robin
+    reply(b, 0)
+    assert not b.wants_task()  # a reply does not free a place: handing out does
+    assert step_kinds(b, 1) == [0]
+    assert len(_top_up(b, 10)) == 1
+
+
+def test_each_epoch_starts_without_run_ahead() -> None:
+    # After a break the last epoch's tasks are still out: the new epoch allows the
+    # run-ahead again only once the loop says so (its batches have come).
+    b, _ = book(workers=2, prefetch=1)
+    b.allow_run_ahead(4)
+    assert len(_top_up(b, 0)) == 10
+    b.start_epoch(1, 100)
+    assert b.run_ahead == 0
+    assert len(_top_up(b, 0)) == 2
+
+
+def test_no_task_is_wanted_once_the_sampler_ended_or_the_book_gave_up() -> None:
+    b, _ = book(workers=1, prefetch=1)
+    b.allow_run_ahead(5)
+    b.sampler_ended()
+    assert not b.wants_task()
