@@ -103,6 +103,9 @@ class FakePool:
         self.sent.append((worker_id, task))
         self.workers[worker_id].queue.append((next(self._order), task))
 
+    def send_releases(self) -> None:
+        pass  # the fake transport has no slots
+
     def wait(self, timeout: float | None) -> list[PoolEvent]:
         for worker in self.workers:
             if not worker.ready_sent:

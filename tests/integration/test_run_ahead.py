@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,25 @@ def test_a_break_with_run_ahead_repeats_itself() -> None:
         first = _epochs_after_a_break(run_ahead=True)
         assert _epochs_after_a_break(run_ahead=True) == first
         assert len(first[1]) == len(first[2]) == 64
+
+
+class OneOutlier:
+    """Sample 5 is 64 MiB, the others 1 KiB."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> Any:
+        import numpy as np
+
+        return np.full((64 << 20) if index == 5 else 1024, index % 256, dtype=np.uint8)
+
+
+def test_an_outlier_among_small_batches_run_ahead_stays_in_shared_memory() -> None:
+    # Every small slot may be in flight when the outlier comes: it gets a slot of its
+    # own (it once went through the pipe with a false "slots held" warning, an error here).
+    loader = DataLoader(OneOutlier(), batch_size=1, num_workers=1, multiprocessing_context="fork")
+    with no_leaks():
+        sizes = [int(b.numel()) for b in loader]
+        assert sizes[5] == 64 << 20 and sizes.count(1024) == 99
+        del loader

@@ -310,3 +310,43 @@ def test_a_new_shape_is_pickled_anew(pair):
         batch = decoder.decode(encoder.encode(_collated(encoder, samples)))
         assert batch[0].shape == (n, n) and batch[1].tolist() == list(range(n))
     assert len(encoder._metas) == 2  # one per structure seen
+
+
+def test_an_outlier_gets_a_slot_while_small_batches_run_ahead() -> None:
+    # Run far ahead, every small slot may be in flight: an outlier still gets one of
+    # the max_slots large ones (it once fell back to the pipe with a false warning).
+    arena = WorkerArena(create_arena_fd(0), max_slots=2, run_ahead_bytes=1 << 20)
+    small = [arena.acquire(1000) for _ in range(16)]
+    assert all(lease is not None for lease in small)
+    outlier = arena.acquire(8 << 20)
+    assert outlier is not None
+    slot = outlier[0]
+    del outlier  # the worker's view of it goes
+    arena.release(tuple(lease[0].slot_id for lease in small if lease is not None))
+    del small
+    for _ in range(20):  # batches are small again
+        lease = arena.acquire(1000)
+        assert lease is not None
+        arena.release((lease[0].slot_id,))
+        del lease
+    arena.release((slot.slot_id,))  # its release comes last, with nothing left to do
+    gc.collect()
+    assert arena.reserved_bytes() > 8 << 20
+    arena.trim()
+    assert arena.reserved_bytes() < 2 << 20
+    assert slot.slot_id in arena.take_retired()
+
+
+def test_the_next_slot_is_not_sized_like_an_outlier(pair):
+    encoder, decoder, released = pair
+    for n in (100, 100_000, 100, 100):
+        with encoder.collating():
+            batch = numpy_collate([np.zeros(n)] * 4)
+        out = decoder.decode(encoder.encode(batch))
+        assert out.shape == (4, n)
+        del out
+        gc.collect()
+        encoder.arena.release(tuple(released))
+        released.clear()
+    sizes = sorted(slot.size for slot in encoder.arena._slots.values())
+    assert sum(size > 1 << 20 for size in sizes) == 1  # the outlier's alone

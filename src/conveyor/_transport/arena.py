@@ -164,14 +164,21 @@ class WorkerArena:
         return best, base
 
     def _may_grow(self, nbytes: int) -> bool:
-        """Room for one more slot: up to ``max_slots``, and beyond within the run-ahead
-        budget."""
+        """Room for one more slot: up to ``max_slots``, and beyond as many as the main
+        process lets run ahead for batches of this size (the same rule, so the two
+        agree whatever other slots, an outlier's say, hold)."""
         count = len(self._slots)
         if count < self._max_slots:
             return True
-        if count >= self._max_slots + MAX_RUN_AHEAD:
-            return False
-        return self.reserved_bytes() + _slot_size(nbytes) <= self._run_ahead_bytes
+        extra = self._extra_for(_slot_size(nbytes))
+        if extra:  # a small slot: as many more as may be run ahead with
+            return count < self._max_slots + extra
+        # A large one (an outlier, a big batch): up to max_slots of those.
+        large = sum(1 for slot in self._slots.values() if not self._extra_for(slot.size))
+        return large < self._max_slots
+
+    def _extra_for(self, slot_bytes: int) -> int:
+        return run_ahead(slot_bytes, self._max_slots, self._run_ahead_bytes)
 
     def take_retired(self) -> tuple[int, ...]:
         """Slots given up since the last call: the main process drops its maps of them."""
@@ -181,6 +188,13 @@ class WorkerArena:
     def reserved_bytes(self) -> int:
         """Shared memory this worker's slots hold now."""
         return sum(slot.size for slot in self._slots.values())
+
+    def trim(self) -> None:
+        """Give back oversized free slots now (slots came back while the worker had
+        nothing to collate: run far ahead, the last batches of an epoch)."""
+        self._collect_worker_releases()
+        self._next_check = 0
+        self._retire_oversized()
 
     def _retire_oversized(self) -> None:
         """Give back free slots far larger than any batch lately (an outlier's): once

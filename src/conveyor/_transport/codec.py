@@ -153,7 +153,10 @@ class Encoder:
         # The batch came from our default collate in a worker deferring torch:
         # its NumPy leaves stand for tensors (see conveyor._torch).
         self.arrays_as_tensors = arrays_as_tensors
-        self._size_hint = 0  # bytes the previous batch took: batches are usually alike
+        # Bytes the next batch likely takes: the smaller of the last two (batches are
+        # usually alike, and one outlier must not size the next slot too).
+        self._size_hint = 0
+        self._last_used = 0
         self._lease: SlotLease | None = None
         self._metas: dict[tuple[Any, ...], bytes] = {}  # see _encode_known
 
@@ -208,7 +211,7 @@ class Encoder:
                     layout = lease.place(raws)
             if lease is None or layout is None:
                 return InlinePayload(meta)
-            self._size_hint = lease.used
+            self._remember_size(lease.used)
             for b in buffers:
                 b.release()
             self._remember(batch, meta, layout)
@@ -235,8 +238,11 @@ class Encoder:
         layout = lease.place_arrays(arrays)
         if layout is None:
             return None
-        self._size_hint = lease.used
+        self._remember_size(lease.used)
         return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
+
+    def _remember_size(self, used: int) -> None:
+        self._size_hint, self._last_used = min(used, self._last_used or used), used
 
     def _remember(self, batch: Any, meta: bytes, layout: tuple[tuple[int, int], ...]) -> None:
         """Keep the pickle of a batch that _encode_known can reuse: one out-of-band

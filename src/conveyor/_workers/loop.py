@@ -187,6 +187,7 @@ def _serve(
                 return
             case Release():
                 encoder.arena.release(message.released)
+                encoder.arena.trim()
             case SeedPipe():
                 _datapipes.seed_graph(runner.dataset, message.seed)
             case Task():

@@ -207,12 +207,15 @@ class WorkerPool:
         except (BrokenPipeError, ConnectionResetError):
             worker.outbox.clear()
 
-    def _send_releases(self, worker: _Worker) -> None:
-        """Slots freed in a number no task is carrying (see RELEASE_ALONE)."""
-        try:
-            worker.outbox.send(Release(worker.take_releases()))
-        except (BrokenPipeError, ConnectionResetError):
-            worker.outbox.clear()
+    def send_releases(self) -> None:
+        """Slots freed in a number no task is carrying (see RELEASE_ALONE): to their
+        workers now, in a message of their own."""
+        for worker in self._workers:
+            if len(worker.pending_releases) >= RELEASE_ALONE:
+                try:
+                    worker.outbox.send(Release(worker.take_releases()))
+                except (BrokenPipeError, ConnectionResetError):
+                    worker.outbox.clear()
 
     def seed_pipes(self, seed: int) -> None:
         """A DataPipe dataset's shared seed for the next epoch: to every worker, and to
@@ -229,9 +232,8 @@ class WorkerPool:
         without waiting; tasks queued for full pipes are written meanwhile.
         """
         events: list[PoolEvent] = []
+        self.send_releases()
         for worker in self._workers:
-            if len(worker.pending_releases) >= RELEASE_ALONE:
-                self._send_releases(worker)
             if worker.reader.holds_frame:
                 events += self._received(worker, worker.reader.buffered())
         if events:
