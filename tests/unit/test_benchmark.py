@@ -176,6 +176,9 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", "").removesuffix("x").removesuffix(" s"))
 
 
+FEATURES_CONFIG = "2 workers, persistent, reseed='batch', on_error='skip', snapshot every step"
+
+
 def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "bench.json"
@@ -189,11 +192,15 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
         ("tiny", "num_workers=0"),
         ("tiny", "plain loop, no loader (ceiling)"),
         ("tiny", "reference loop, 2 fork workers, shared memory"),
+        ("tiny", FEATURES_CONFIG),
         ("latency", "8 workers"),
     }
     for (_, config), (mine, theirs, ratio, notes) in rows.items():
         if config.startswith(("plain", "reference")):
             assert _number(notes.split()[0]) > 0
+        elif config == FEATURES_CONFIG:  # conveyor's own options: no torch column
+            assert _number(mine) > 0 and theirs == "-"
+            assert "of the same loader without them:" in notes
         else:
             assert _number(mine) > 0 and _number(theirs) > 0 and _number(ratio) > 0, notes
     assert "of ideal 1,600/s" in rows[("latency", "8 workers")][3]

@@ -41,7 +41,7 @@ def _value(row: Row, value: float | None) -> str:
 
 
 def _cell(row: Row, loader: str) -> str:
-    if row.kind in ("baseline", "reference"):
+    if row.kind in ("baseline", "reference") or (row.kind == "features" and loader != "conveyor"):
         return DASH
     if loader in row.errors:
         return "error"

@@ -45,7 +45,9 @@ PLAIN = "plain"
 REFERENCE = "reference"
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
 
-RowKind = Literal["throughput", "startup", "baseline", "reference"]
+RowKind = Literal["throughput", "startup", "baseline", "reference", "features"]
+# conveyor's per-batch features, all on: what they cost is the gap to the workers row.
+FEATURES: dict[str, Any] = {"reseed": "batch", "snapshot_every_n_steps": 1, "on_error": "skip"}
 LoaderClass = Callable[..., Iterable[Any]]
 Factories = dict[str, LoaderFactory]
 
@@ -169,9 +171,14 @@ def describe_environment(loaders: _Loaders, torch_threads: str) -> dict[str, str
 
 
 def _loader_factory(
-    cls: LoaderClass, dataset: MapDataset, spec: WorkloadSpec, workers: int, method: str | None
+    cls: LoaderClass,
+    dataset: MapDataset,
+    spec: WorkloadSpec,
+    workers: int,
+    method: str | None,
+    extra: dict[str, Any] | None = None,
 ) -> LoaderFactory:
-    kwargs: dict[str, Any] = {"batch_size": spec.batch_size, "shuffle": False}
+    kwargs: dict[str, Any] = {"batch_size": spec.batch_size, "shuffle": False, **(extra or {})}
     if workers:
         kwargs.update(
             num_workers=workers,
@@ -234,7 +241,13 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
     reference_row = next((r for r in rows if r.kind == "reference"), None)
     reference = reference_row.median(REFERENCE) if reference_row else None
     inline = next((r for r in rows if r.config == "num_workers=0"), None)
+    workers = next((r for r in rows if r.kind == "throughput" and r is not inline), None)
     for row in rows:
+        plain_workers = workers.median("conveyor") if workers else None
+        if row.kind == "features" and (v := row.median("conveyor")) and plain_workers:
+            row.notes.append(
+                f"of the same loader without them: {v / plain_workers:.0%} (target >= 90%)"
+            )
         workers_row = row.kind == "throughput" and row is not inline
         if workers_row and reference:
             shares = [f"{n} {v / reference:.0%}" for n in LOADERS if (v := row.median(n))]
@@ -317,6 +330,14 @@ def _run_workload(
         for config, workers in plan:
             row, factories = loader_row(config, "throughput", workers)
             _run_row(row, factories, throughput, options.repeat, progress)
+            rows.append(row)
+        if spec.features_row and not options.stand_in_torch:
+            config = f"{plan[0][0]}, reseed='batch', on_error='skip', snapshot every step"
+            row = Row(spec.name, config, "features")
+            featured = _loader_factory(
+                loaders.classes["conveyor"], dataset, spec, spec.num_workers, method, FEATURES
+            )
+            _run_row(row, {"conveyor": featured}, throughput, options.repeat, progress)
             rows.append(row)
         if spec.plain_row:
             row = Row(spec.name, spec.plain_label, "baseline")

@@ -180,6 +180,7 @@ class WorkloadSpec:
     plain_row: bool = False  # also a plain in-process loop: index + collate by hand
     plain_label: str = "plain loop, no loader (ceiling)"
     reference_row: bool = False  # also the reference shared-memory loop (benchmark/reference.py)
+    features_row: bool = False  # also conveyor with its per-batch features on (runner.FEATURES)
     ideal_samples_per_s: float | None = None
     target_speedup: float | None = None  # goal for the workers row over the plain loop
     start_method: str | None = None  # fixed start method; None: the one asked for
@@ -225,6 +226,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             inline_rows=True,
             plain_row=True,
             reference_row=True,
+            features_row=True,
         ),
         WorkloadSpec(
             name="image",
@@ -240,6 +242,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             inline_rows=True,
             plain_row=True,
             reference_row=True,
+            features_row=True,
         ),
         WorkloadSpec(
             name="cpu",
