@@ -93,15 +93,18 @@ def test_falls_back_to_the_pipe_when_every_slot_is_held(pair):
 
 
 def test_slots_beyond_max_slots_stay_within_the_run_ahead_budget() -> None:
+    # A worker's slots: max_slots of any size, plus as many as fit its share of the
+    # run-ahead budget. Memory stays under max_slots x the largest batch + the budget.
     budget = 1 << 20
     small = WorkerArena(create_arena_fd(0), max_slots=2, run_ahead_bytes=budget)
-    held = [small.acquire(1000) for _ in range(16)]  # 64 KiB slots: 16 fit 1 MiB
+    held = [small.acquire(1000) for _ in range(18)]  # 64 KiB slots: 16 in 1 MiB, then 2
     assert all(lease is not None for lease in held)
     assert small.acquire(1000) is None
-    assert small.reserved_bytes() <= budget
+    assert small.reserved_bytes() == budget + 2 * (1 << 16)
     big = WorkerArena(create_arena_fd(0), max_slots=2, run_ahead_bytes=budget)
-    assert big.acquire(600_000) is not None and big.acquire(600_000) is not None
-    assert big.acquire(600_000) is None  # two such slots already exceed the budget
+    leases = [big.acquire(600_000) for _ in range(3)]  # 750 KiB slots: 1 in 1 MiB, then 2
+    assert all(lease is not None for lease in leases)
+    assert big.acquire(600_000) is None
     assert run_ahead(1 << 16, 6, budget) == 16 - 6
     assert run_ahead(750 << 10, 2, budget) == 0
     assert run_ahead(1 << 16, 6, RUN_AHEAD_BYTES) == min(MAX_RUN_AHEAD, 256 - 6)

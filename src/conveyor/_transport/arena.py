@@ -93,6 +93,7 @@ class WorkerArena:
         self._slots: dict[int, SlotInfo] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._free: set[int] = set()
+        self._budgeted: set[int] = set()  # slots counted against the run-ahead budget
         self._holders: dict[int, set[str]] = {}  # leased slots: who still uses each
         self._worker_done: list[int] = []  # slots the worker's arrays no longer use
         self._watch: dict[int, weakref.ref[np.ndarray]] = {}  # the lease base of each slot
@@ -144,13 +145,18 @@ class WorkerArena:
             if slot.size >= nbytes and (best is None or slot.size < best.size):
                 best = slot
         if best is None:
-            if len(self._slots) >= self._max_slots and self._free:
+            size = _slot_size(nbytes)
+            budgeted = self._room_for(size)
+            while budgeted is None and self._free:
                 # Batches outgrew the free slots (length bucketing, a curriculum):
-                # the largest of them makes room for one of today's size.
+                # the largest of them make room for one of today's size.
                 self._retire(max(self._free, key=lambda i: self._slots[i].size))
-            elif not self._may_grow(nbytes):
+                budgeted = self._room_for(size)
+            if budgeted is None:
                 return None  # every slot is in use
             best = self._grow(nbytes)
+            if budgeted:
+                self._budgeted.add(best.slot_id)
         else:
             self._free.discard(best.slot_id)
         self._holders[best.slot_id] = {_MAIN, _WORKER}
@@ -163,22 +169,16 @@ class WorkerArena:
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
 
-    def _may_grow(self, nbytes: int) -> bool:
-        """Room for one more slot: up to ``max_slots``, and beyond as many as the main
-        process lets run ahead for batches of this size (the same rule, so the two
-        agree whatever other slots, an outlier's say, hold)."""
-        count = len(self._slots)
-        if count < self._max_slots:
+    def _room_for(self, size: int) -> bool | None:
+        """Whether one more slot of ``size`` bytes may be added: True within the
+        run-ahead budget (small batches run ahead, or kept by the loop), False as one
+        of ``max_slots`` slots of any size, None if neither."""
+        budgeted = sum(self._slots[i].size for i in self._budgeted)
+        if budgeted + size <= self._run_ahead_bytes:
             return True
-        extra = self._extra_for(_slot_size(nbytes))
-        if extra:  # a small slot: as many more as may be run ahead with
-            return count < self._max_slots + extra
-        # A large one (an outlier, a big batch): up to max_slots of those.
-        large = sum(1 for slot in self._slots.values() if not self._extra_for(slot.size))
-        return large < self._max_slots
-
-    def _extra_for(self, slot_bytes: int) -> int:
-        return run_ahead(slot_bytes, self._max_slots, self._run_ahead_bytes)
+        if len(self._slots) - len(self._budgeted) < self._max_slots:
+            return False
+        return None
 
     def take_retired(self) -> tuple[int, ...]:
         """Slots given up since the last call: the main process drops its maps of them."""
@@ -212,6 +212,7 @@ class WorkerArena:
         """Give a free slot's memory back to the system; its range is never reused."""
         slot = self._slots.pop(slot_id)
         self._free.discard(slot_id)
+        self._budgeted.discard(slot_id)
         self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
         self._watch.pop(slot_id, None)
         _punch_hole(self._fd, slot.offset, slot.size)
