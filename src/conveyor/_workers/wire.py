@@ -35,7 +35,6 @@ _TASK = struct.Struct("<qqqBI")
 _TASK_TRACE, _TASK_WANT_STATE = 1, 2
 # epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count
 _BATCH = struct.Struct("<qqdqqqII")
-_PAIR = struct.Struct("<qq")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
 READ_SIZE = 1 << 16
 
@@ -88,7 +87,7 @@ def _encode_batch(message: BatchDone) -> bytes:
     return b"".join((_KIND_BATCH, head, pairs, ids, payload.meta))
 
 
-class Decoder:
+class BodyDecoder:
     """Bodies back into messages (keeps the slots it has seen: they are reused)."""
 
     def __init__(self) -> None:
@@ -151,7 +150,7 @@ class FrameReader:
         self._at = 0
         self._large: bytearray | None = None  # the body of a large frame being read
         self._large_filled = 0
-        self._decoder = Decoder()
+        self._decoder = BodyDecoder()
         self.eof = False
 
     def recv(self) -> Any:
