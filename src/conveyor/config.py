@@ -79,10 +79,12 @@ class SupervisionPolicy:
     """The keyword-only failure options of ``DataLoader``.
 
     * ``max_worker_restarts``: dead workers replaced (and their tasks re-sent)
-      over the iterator's life before giving up with ``WorkerCrashedError``.
+      over the iterator's life before giving up with ``WorkerCrashedError``
+      (deaths a sample is proven to cause are not counted).
     * ``on_error``: ``"raise"`` (torch's behaviour) or ``"skip"`` a sample whose
-      fetch raises, a batch whose collate raises, and a sample that kills its
-      worker twice. Skipped samples are recorded, never silently lost.
+      fetch raises, a batch whose collate raises, and a sample proven to kill its
+      worker (it kills a fresh worker alone too). Skipped samples are recorded,
+      never silently lost.
     * ``max_errors``: with ``"skip"``, how many samples an epoch may lose — a
       count (int) or a fraction of the epoch (float < 1) — before raising anyway.
     * ``stall_warning``: seconds after which a task still running is reported

@@ -124,14 +124,13 @@ def test_dead_worker_without_restarts_raises_crash_error_naming_it(
     assert "max_worker_restarts=0" in message
 
 
-@pytest.mark.parametrize(
-    ("how", "deaths", "times"), [("SIGSEGV", 2, "twice"), ("SIGKILL", 3, "3 times")]
-)
+@pytest.mark.parametrize(("how", "deaths"), [("SIGSEGV", 3), ("SIGKILL", 4)])
 def test_sample_that_kills_its_worker_every_time_is_named(
-    start_method: str, how: str, deaths: int, times: str
+    start_method: str, how: str, deaths: int
 ) -> None:
-    # A crash of its own (SIGSEGV) twice is proof; SIGKILL may come from outside (the
-    # OOM killer), so it takes a third death at the same sample to accuse it.
+    # The batch dies, its traced retry names sample 3, and sample 3 alone kills a fresh
+    # worker too: proof for a crash of its own (SIGSEGV). SIGKILL may come from outside
+    # (the OOM killer), so it must kill a fresh worker alone twice.
     loader = _loader(DiesAt(how, bad=3), start_method, prefetch_factor=1, run_ahead=False)
     it = iter(loader)
     first_pid = next(it)[0].item()
@@ -151,7 +150,10 @@ def test_sample_that_kills_its_worker_every_time_is_named(
     message = str(exc)
     assert f"DataLoader worker 0 (pid {exc.pid}) exited unexpectedly" in message
     assert f"killed by signal {how} ({code})" in message
-    assert f"Dataset index 3 killed its worker {times}" in message
+    assert f"at dataset index 3 (tried alone in a fresh worker): killed by signal {how}" in message
+    last = "the last time" if how == "SIGSEGV" else "the last 2 times"
+    assert f"Dataset index 3 killed its worker {deaths} times, {last} alone" in message
+    assert "after trying dataset index 3 alone in it first" in str(record[1].message)
 
 
 def test_dead_iterable_dataset_worker_is_not_restarted(start_method: str) -> None:

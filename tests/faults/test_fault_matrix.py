@@ -20,8 +20,9 @@ succeeds) and **always**. Outcomes asserted:
 * once → recovered: every dataset index exactly once and in order, one
   ``WorkerRestartedWarning`` naming the signal or exit code and the stage, one restart
   in ``loader.statistics()``;
-* always → the named error: ``WorkerCrashedError`` naming the dataset index (fetch),
-  the batch (collate, transfer) or ``worker_init``, after one restart warning;
+* always → the named error: ``WorkerCrashedError`` naming the dataset index (fetch:
+  once it also killed a fresh worker alone), the batch (collate, transfer) or
+  ``worker_init``, after a restart warning per death before it;
 * ``raise`` is never retried (torch's semantics: the error is the answer), so it has one
   mode: the same exception type, with the worker, stage, indices and worker traceback
   in ``conveyor_context``, and (after a task's error) the loop goes on with the next
@@ -265,12 +266,16 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
         for batch in loader:
             received.append(_values(batch))
 
-    # SIGKILL may come from outside (the OOM killer): weak evidence, it takes a third
-    # death to accuse a task, and start-up deaths by it are bounded by the restart
-    # budget (3) alone. Deaths of its own (and conveyor's own kill of a stuck worker)
-    # are proof at the second.
+    # A sample is named only once it killed a fresh worker alone too: a death of its
+    # own (or conveyor's own kill of a stuck worker) once more, a SIGKILL (which may
+    # come from outside: the OOM killer) twice more. A batch that dies outside
+    # fetching is proven by deaths in a row: two of its own, three SIGKILLs. Start-up
+    # deaths by SIGKILL are bounded by the restart budget (3) alone.
     outside = how == "SIGKILL"
-    deaths = (4 if stage == "worker_init" else 3) if outside else 2
+    if stage == "fetch":
+        deaths = 4 if outside else 3
+    else:
+        deaths = (4 if stage == "worker_init" else 3) if outside else 2
     assert [type(w.message) for w in record] == [WorkerRestartedWarning] * (deaths - 1)
     assert EXIT_TEXT[how] in str(record[0].message)
     exc = info.value
@@ -279,7 +284,7 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
     assert f"DataLoader worker 0 (pid {exc.pid}) exited unexpectedly" in message
     assert EXIT_TEXT[how] in message
     assert _where(stage) in message
-    times = "3 times" if outside else "twice"
+    times = "twice" if deaths == 2 else f"{deaths} times"
     if stage == "worker_init":
         assert received == []
         if outside:
@@ -290,7 +295,8 @@ def test_fault_always_is_named(start_method: str, how: str, stage: str) -> None:
         assert received == ALL_INDICES[:1]
         assert BAD in exc.indices
         if stage == "fetch":
-            assert f"Dataset index {BAD} killed its worker {times}" in message
+            assert f"Dataset index {BAD} killed its worker {times}, the last" in message
+            assert f"at dataset index {BAD} (tried alone in a fresh worker)" in message
         else:
             assert f"This batch killed its worker {times}" in message
 

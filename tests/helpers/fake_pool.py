@@ -4,7 +4,8 @@ Tasks run through conveyor's real task runner (the one workers use), in the
 order the test chooses: by default the oldest task sent is answered first.
 A test can make a worker slow (answered last) or hold it (its tasks stay
 unanswered, its status page says it is busy), make a dataset index
-kill whichever worker fetches it, or make a batch fail to decode. If the loop
+kill whichever worker fetches it (always, once, or a given number of times), or make
+a batch fail to decode. If the loop
 ever waits with no deadline while nothing can answer, the fake raises
 instead of hanging: a real pool would block forever there.
 """
@@ -68,6 +69,9 @@ class FakePool:
         self.held: set[int] = set()  # workers that never answer (frozen)
         self.kill_at: dict[Any, int] = {}  # dataset index -> exit code of the worker fetching it
         self.kill_once: dict[Any, int] = {}  # the same, the first time only
+        # The same, with each code in turn, then fetched fine (a kill from outside
+        # that happens to land on the same sample again).
+        self.kill_next: dict[Any, list[int]] = {}
         self.undecodable: set[int] = set()  # seqs whose batch fails to decode
         self.stalled: dict[int, WorkerStatus] = {}  # worker id -> status page while held
         self.sent: list[tuple[int, Task]] = []  # every (worker id, task) sent, in order
@@ -165,6 +169,10 @@ class FakePool:
             if index in self.kill_once and index not in task.exclude:
                 status = WorkerStatus(task.epoch, task.seq, Stage.FETCH, -1, 0.0)
                 return self._death(worker.worker_id, self.kill_once.pop(index), status)
+            if self.kill_next.get(index) and index not in task.exclude:
+                traced = position if task.trace else -1
+                status = WorkerStatus(task.epoch, task.seq, Stage.FETCH, traced, 0.0)
+                return self._death(worker.worker_id, self.kill_next[index].pop(0), status)
             if index in self.kill_at and index not in task.exclude:
                 # The status page names the sample only on a traced retry, as a worker's does.
                 traced = position if task.trace else -1

@@ -122,7 +122,7 @@ EXAMPLES: dict[str, Example] = {
     "sigkill": Example(
         raises="WorkerCrashedError",
         warns=("WorkerRestartedWarning",),
-        key_phrases=("SIGKILL", "Dataset index 11 killed its worker 3 times", "on_error='skip'"),
+        key_phrases=("SIGKILL", "Dataset index 11 killed its worker 4 times", "on_error='skip'"),
         torch_raises="RuntimeError",
         # torch words it "(pid(s) N) exited unexpectedly" or "(pid N) is killed by signal:
         # Killed.", whichever of its checks sees the death first: only this part is sure.

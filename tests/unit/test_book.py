@@ -155,7 +155,7 @@ def test_an_iterable_workers_end_makes_it_inactive() -> None:
 # --- dead workers -------------------------------------------------------------------
 
 
-SIGKILL, SIGSEGV = -9, -11  # exit codes: killed from outside, a crash of its own
+SIGKILL, SIGSEGV, EXIT3 = -9, -11, 3  # exit codes: killed from outside, crashes of its own
 
 
 def died(
@@ -176,32 +176,220 @@ def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None
     assert (b.restarts, b.retried) == (1, 1)
 
 
-def test_a_task_that_kills_twice_with_its_sample_named_gives_up_at_its_place() -> None:
+def probe_died(worker: int, seq: int, code: int = SIGSEGV, stage: Stage = Stage.FETCH) -> Died:
+    """The death of a worker trying a suspect alone: a one-sample task, position 0."""
+    return died(worker, seq, stage, position=0, code=code)
+
+
+def test_a_sample_named_by_a_death_is_tried_alone_in_a_fresh_worker_first() -> None:
+    b, _ = book()
+    dispatch(b, batches(4))  # worker 0 holds 0 ([0, 1]) and 2 ([4, 5])
+    assert isinstance(b.on_death(died(0, 0), 1.0), Restart)
+    decision = b.on_death(died(0, 0, position=1), 2.0)  # the traced retry: index 1
+    assert isinstance(decision, Restart)
+    # The suspect alone comes first; then the task itself (traced) and the others.
+    assert [(t.seq, t.index, t.trace, t.first_sample) for t in decision.resend] == [
+        (0, [1], True, 1),
+        (0, [0, 1], True, 0),
+        (2, [4, 5], False, 0),
+    ]
+    assert "at dataset index 1: killed by signal SIGSEGV" in decision.report
+    assert "re-sent its 2 unanswered task(s), after trying dataset index 1 alone" in (
+        decision.report
+    )
+    assert (b.restarts, b.charged, b.retried) == (2, 2, 4)  # [0, 1] and [4, 5] twice
+
+
+def test_a_sample_that_kills_a_fresh_worker_alone_too_gives_up_at_its_place() -> None:
     b, _ = book()
     dispatch(b, batches(4))
-    assert isinstance(b.on_death(died(0, 0), 1.0), Restart)
-    assert b.on_death(died(0, 0, position=1), 2.0) is None  # the traced retry: index 1
+    b.on_death(died(0, 0), 1.0)
+    b.on_death(died(0, 0, position=1), 2.0)
+    assert b.on_death(probe_died(0, 0), 3.0) is None
     reply(b, 1)
     step = b.next_step()
     assert isinstance(step, GiveUp)  # at seq 0: nothing earlier to deliver
     assert isinstance(step.error, WorkerCrashedError)
-    assert "Dataset index 1 killed its worker twice" in str(step.error)
+    text = str(step.error)
+    assert "at dataset index 1 (tried alone in a fresh worker)" in text
+    assert "Dataset index 1 killed its worker 3 times, the last time alone in a fresh worker" in (
+        text
+    )
+
+
+def test_a_suspect_that_survives_alone_is_cleared_and_its_task_answered_as_usual() -> None:
+    b, skipped = book(on_error="skip", max_errors=3)
+    dispatch(b, batches(4))
+    b.on_death(died(0, 0), 1.0)
+    b.on_death(died(0, 0, position=1), 2.0)
+    # The probe's reply is only a verdict: refused, its payload freed by the loop.
+    assert not reply(b, 0)
+    assert reply(b, 0)  # the task itself, whole
+    assert step_kinds(b, 1) == [0]
+    assert 0 not in b.tasks
+    assert skipped == []
+
+
+def test_after_a_cleared_suspect_the_evidence_starts_again() -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(4))
+    b.on_death(died(0, 0), 1.0)
+    b.on_death(died(0, 0, position=1), 2.0)
+    assert not reply(b, 0)  # survived alone
+    # Its batch kills the worker at index 1 again (memory the samples before it leaked,
+    # say): a suspect again, tried alone again, not accused.
+    decision = b.on_death(died(0, 0, position=1), 3.0)
+    assert isinstance(decision, Restart)
+    assert [t.index for t in decision.resend[:2]] == [[1], [0, 1]]
+
+
+def test_a_probe_lost_with_a_worker_dying_at_start_up_is_tried_again_first() -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(4))
+    b.on_death(died(0, 0), 1.0)
+    b.on_death(died(0, 0, position=1), 2.0)
+    decision = b.on_death(died(0, -1, Stage.STARTUP, code=SIGKILL), 3.0)
+    assert isinstance(decision, Restart)
+    assert [(t.seq, t.index) for t in decision.resend] == [(0, [1]), (0, [0, 1]), (2, [4, 5])]
+    assert b.on_death(probe_died(0, 0), 4.0) is None  # the probe's death still counts
+
+
+FETCH, TRACED, ALONE, COLLATE = "fetch", "traced", "alone", "collate"
+SURVIVES = ("survives", 0)  # the suspect's probe answers
+
+
+def _event(b: TaskBook, what: tuple[str, int], now: float) -> Restart | bool | None:
+    where, code = what
+    if what == SURVIVES:
+        return reply(b, 0)
+    if where == ALONE:
+        return b.on_death(probe_died(0, 0, code), now)
+    if where == COLLATE:
+        return b.on_death(died(0, 0, Stage.COLLATE, code=code), now)
+    return b.on_death(died(0, 0, position=1 if where == TRACED else -1, code=code), now)
+
+
+@pytest.mark.parametrize(
+    ("events", "poison"),
+    [
+        # A death of its own, in the batch, then at index 1, then index 1 alone: proof.
+        ([(FETCH, SIGSEGV), (TRACED, SIGSEGV), (ALONE, SIGSEGV)], True),
+        ([(FETCH, SIGSEGV), (TRACED, SIGSEGV)], False),  # not yet tried alone
+        # Three kills from outside at the same sample, the last alone: not enough.
+        ([(FETCH, SIGKILL), (TRACED, SIGKILL), (ALONE, SIGKILL)], False),
+        # Killed alone in two fresh workers: the bar for SIGKILL.
+        ([(FETCH, SIGKILL), (TRACED, SIGKILL), (ALONE, SIGKILL), (ALONE, SIGKILL)], True),
+        # Alone, it survived: cleared; killed at it again, it must be proven again.
+        (
+            [(FETCH, SIGKILL), (TRACED, SIGKILL), SURVIVES, (TRACED, SIGKILL), (ALONE, SIGKILL)],
+            False,
+        ),
+        # A death of another kind alone is not the same evidence: it starts again.
+        ([(FETCH, SIGSEGV), (TRACED, SIGSEGV), (ALONE, EXIT3)], False),
+        ([(FETCH, SIGSEGV), (TRACED, SIGSEGV), (ALONE, EXIT3), (ALONE, EXIT3)], True),
+        ([(FETCH, SIGSEGV), (TRACED, SIGKILL), (ALONE, SIGSEGV)], False),
+        ([(FETCH, SIGKILL), (TRACED, SIGSEGV), (ALONE, SIGSEGV)], True),
+        # Outside fetching no sample is named: the batch, by deaths in a row of one kind.
+        ([(COLLATE, SIGSEGV), (COLLATE, SIGSEGV)], True),
+        ([(COLLATE, SIGKILL), (COLLATE, SIGKILL)], False),
+        ([(COLLATE, SIGKILL), (COLLATE, SIGKILL), (COLLATE, SIGKILL)], True),
+        (
+            [
+                *[(COLLATE, SIGKILL), (TRACED, SIGKILL), SURVIVES],
+                *[(COLLATE, SIGKILL), (COLLATE, SIGKILL)],
+            ],
+            False,
+        ),
+    ],
+)
+def test_evidence_needed_to_call_a_sample_poison(
+    events: list[tuple[str, int]], poison: bool
+) -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(4))
+    outcomes = [_event(b, event, float(i)) for i, event in enumerate(events)]
+    deaths = [o for e, o in zip(events, outcomes, strict=True) if e != SURVIVES]
+    assert all(isinstance(d, Restart) for d in deaths[:-1])
+    assert (deaths[-1] is None) == poison
+    if poison:
+        step = b.next_step()
+        assert isinstance(step, GiveUp)
+        batch = events[-1][0] == COLLATE
+        who = "This batch" if batch else "Dataset index 1"
+        assert f"{who} killed its worker" in str(step.error)
+
+
+@pytest.mark.parametrize(
+    ("codes", "poison"),
+    [
+        ([SIGSEGV, SIGSEGV], True),  # the task is the sample: its retry is the probe
+        ([SIGKILL, SIGKILL], False),
+        ([SIGKILL, SIGKILL, SIGKILL], True),
+    ],
+)
+def test_a_one_sample_batch_is_its_own_probe(codes: list[int], poison: bool) -> None:
+    b, _ = book(max_worker_restarts=10)
+    dispatch(b, batches(4, size=1))
+    decisions = [b.on_death(died(0, 0, code=c), float(i)) for i, c in enumerate(codes)]
+    assert all(isinstance(d, Restart) for d in decisions[:-1])
+    first = decisions[0]
+    assert isinstance(first, Restart)
+    assert [(t.seq, t.index, t.trace) for t in first.resend] == [(0, [0], True), (2, [2], False)]
+    assert "after trying dataset index 0 alone" in first.report
+    assert (decisions[-1] is None) == poison
 
 
 def test_under_skip_the_poison_sample_is_left_out_and_the_task_retried_without_it() -> None:
     b, skipped = book(on_error="skip", max_errors=3)
     dispatch(b, batches(4))
     b.on_death(died(0, 0), 1.0)
-    decision = b.on_death(died(0, 0, position=1), 2.0)
+    b.on_death(died(0, 0, position=1), 2.0)
+    decision = b.on_death(probe_died(0, 0), 3.0)
     assert isinstance(decision, Restart)
-    assert [(t.seq, t.exclude) for t in decision.resend] == [(0, (1,)), (2, ())]
+    assert [(t.seq, t.index, t.exclude) for t in decision.resend] == [
+        (0, [0, 1], (1,)),
+        (2, [4, 5], ()),
+    ]
     reply(b, 0)
     assert isinstance(b.next_step(), Handout)
     assert [(s.index, s.stage) for s in skipped] == [(1, "crash")]  # recorded when handed out
+    assert skipped[0].message.startswith("killed its worker 3 times: killed by signal SIGSEGV")
     # Later tasks leave it out up front.
     b.start_epoch(1, 100)
     sent = b.add(0, [0, 1], now=3.0)
     assert sent.exclude == (1,)
+
+
+def test_a_sample_proven_by_kills_from_outside_is_tried_again_next_epoch() -> None:
+    b, skipped = book(on_error="skip", max_errors=3, max_worker_restarts=10)
+    dispatch(b, batches(4))
+    b.on_death(died(0, 0, code=SIGKILL), 1.0)
+    b.on_death(died(0, 0, position=1, code=SIGKILL), 2.0)
+    b.on_death(probe_died(0, 0, SIGKILL), 3.0)
+    decision = b.on_death(probe_died(0, 0, SIGKILL), 4.0)
+    assert isinstance(decision, Restart) and decision.resend[0].exclude == (1,)
+    reply(b, 0)
+    b.next_step()
+    assert [(s.index, s.stage) for s in skipped] == [(1, "killed")]
+    b.start_epoch(1, 100)
+    assert b.add(0, [0, 1], now=9.0).exclude == ()  # memory pressure may pass: tried again
+
+
+def test_deaths_a_sample_is_proven_to_cause_are_not_charged_to_the_restart_budget() -> None:
+    # The default budget (3) is smaller than the four deaths that prove a SIGKILL sample.
+    b, _ = book(on_error="skip", max_errors=3)
+    dispatch(b, batches(4))
+    for event in [died(0, 0, code=SIGKILL), died(0, 0, position=1, code=SIGKILL)]:
+        assert isinstance(b.on_death(event, 1.0), Restart)
+    assert isinstance(b.on_death(probe_died(0, 0, SIGKILL), 2.0), Restart)
+    assert b.charged == 3
+    decision = b.on_death(probe_died(0, 0, SIGKILL), 3.0)
+    assert isinstance(decision, Restart)
+    assert "not counted against max_worker_restarts" in decision.report
+    assert (b.restarts, b.charged) == (4, 0)
+    # Another death, of no sample's doing, has the whole budget again.
+    decision = b.on_death(died(1, 1, code=SIGKILL), 4.0)
+    assert isinstance(decision, Restart) and "(restart 1 of 3)" in decision.report
 
 
 def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
@@ -214,45 +402,6 @@ def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
     step = b.next_step()
     assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
     assert b.next_worker() is None  # nothing more is sent once giving up
-
-
-@pytest.mark.parametrize(
-    ("codes", "positions", "poison"),
-    [
-        ([SIGSEGV, SIGSEGV], [-1, 1], True),  # its own crash twice, the second names it
-        ([SIGKILL, SIGKILL], [-1, 1], False),  # the OOM killer twice: not enough
-        ([SIGKILL, SIGKILL, SIGKILL], [-1, 1, 1], True),  # three, twice at index 1
-        ([SIGKILL, SIGKILL, SIGKILL], [-1, 0, 1], False),  # killed at different samples
-        ([SIGKILL, SIGSEGV], [-1, 1], True),  # a crash of its own settles it
-    ],
-)
-def test_evidence_needed_to_call_a_sample_poison(
-    codes: list[int], positions: list[int], poison: bool
-) -> None:
-    b, _ = book(max_worker_restarts=10)
-    dispatch(b, batches(4))
-    decisions = [
-        b.on_death(died(0, 0, position=p, code=c), float(i))
-        for i, (c, p) in enumerate(zip(codes, positions, strict=True))
-    ]
-    assert all(isinstance(d, Restart) for d in decisions[:-1])
-    assert (decisions[-1] is None) == poison
-    step = b.next_step() if poison else None
-    if poison:
-        assert isinstance(step, GiveUp) and "Dataset index 1 killed its worker" in str(step.error)
-
-
-def test_a_sample_accused_by_outside_kills_is_tried_again_next_epoch() -> None:
-    b, skipped = book(on_error="skip", max_errors=3, max_worker_restarts=10)
-    dispatch(b, batches(4))
-    for i, p in enumerate([-1, 1, 1]):
-        decision = b.on_death(died(0, 0, position=p, code=SIGKILL), float(i))
-    assert isinstance(decision, Restart) and decision.resend[0].exclude == (1,)
-    reply(b, 0)
-    b.next_step()
-    assert [(s.index, s.stage) for s in skipped] == [(1, "killed")]
-    b.start_epoch(1, 100)
-    assert b.add(0, [0, 1], now=9.0).exclude == ()  # not proven: tried again
 
 
 def test_outside_kills_during_start_up_are_bounded_by_the_restart_budget_only() -> None:

@@ -96,14 +96,28 @@ def test_dead_worker_is_replaced_and_its_tasks_resent_exactly_once() -> None:
     assert it.statistics().worker_restarts == 1
 
 
-def test_a_sample_that_kills_twice_is_named_and_raised() -> None:
-    # kill_at is permanent: the retry (traced) dies at the same sample.
-    it, _ = run(loader(), lambda p: p.kill_at.update({5: -11}))
+def test_a_sample_that_kills_alone_too_is_named_and_raised() -> None:
+    # kill_at is permanent: the retry (traced) and the sample alone die too.
+    it, pool = run(loader(), lambda p: p.kill_at.update({5: -11}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", WorkerRestartedWarning)
         assert flat([next(it), next(it)]) == [0, 1, 2, 3]
-        with pytest.raises(WorkerCrashedError, match=r"Dataset index 5 killed its worker twice"):
+        with pytest.raises(
+            WorkerCrashedError,
+            match=r"Dataset index 5 killed its worker 3 times, the last time alone in a fresh",
+        ):
             next(it)
+    assert [(t.seq, t.index) for _, t in pool.sent if t.index == [5]] == [(2, [5])]
+
+
+def test_a_sample_killed_twice_by_chance_survives_alone_and_is_not_accused() -> None:
+    it, pool = run(loader(), lambda p: p.kill_next.update({5: [-9, -9]}))
+    with pytest.warns(WorkerRestartedWarning) as record:
+        got = flat(list(it))
+    assert got == list(range(16))  # every index once, 5 included
+    assert "after trying dataset index 5 alone" in str(record[-1].message)
+    assert pool.discarded == 1  # the probe's batch: only a verdict
+    assert it.statistics().samples_skipped == 0
 
 
 def test_a_poison_sample_is_skipped_recorded_and_left_out_next_epoch_without_a_crash() -> None:

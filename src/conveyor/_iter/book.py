@@ -20,6 +20,8 @@ epoch's batch order. The rules it keeps:
   order and raised only after every earlier batch was handed out.
 * Samples left out (``on_error="skip"``) are recorded when their batch is
   handed out, so the skip budget is judged in delivery order.
+* A sample is called poison only once proven: tried alone in a fresh worker, it
+  killed that worker too (see :meth:`TaskBook._weigh`).
 """
 
 from __future__ import annotations
@@ -59,8 +61,13 @@ _CRASH_TYPE = "conveyor.errors.WorkerCrashedError"
 # from another process, an operator, a scheduler): weak evidence against a sample.
 # A death of its own (SIGSEGV, an abort, an exit code) is strong evidence.
 _OUTSIDE_EXITS = frozenset({-signal.SIGKILL, -signal.SIGTERM})
-STRONG_DEATHS = 2  # deaths of a task, the last at a named sample, that make it poison
-WEAK_DEATHS = 3  # the same, when the last two were kills from outside at the same sample
+_OUTSIDE = "outside"  # the kind of death of every kill from outside (see _weigh)
+# What proves that a sample (or, when no sample is named, a batch) kills its worker:
+# deaths in a row that name it, all of one kind, of which some while the sample ran
+# alone in a fresh worker. A death of its own (a SIGSEGV, an abort, an exit code)
+# needs one such death after the one that named it; a kill from outside two.
+STRONG_DEATHS, STRONG_ALONE = 2, 1
+WEAK_DEATHS, WEAK_ALONE = 3, 2
 
 
 # --- what the book keeps ------------------------------------------------------------
@@ -92,8 +99,21 @@ class Entry:
     sent_at: float
     exclude: tuple[Any, ...] = ()
     crashes: int = 0  # times its worker died while running it
-    suspect: Any = None  # the sample a traced retry was fetching when its worker died
-    suspect_deaths: int = 0  # traced deaths in a row at that sample
+    charged: int = 0  # restarts those deaths took from max_worker_restarts
+    # The evidence (see TaskBook._weigh): the sample the last deaths named, their kind
+    # ("outside" or the exit code), how many in a row, how many of them alone...
+    suspect: Any = None
+    suspect_kind: int | str | None = None
+    named: int = 0
+    alone: int = 0
+    # ...or deaths in a row, of one kind, that named no sample (outside fetching).
+    unnamed: int = 0
+    unnamed_kind: int | str | None = None
+    # The suspect is tried alone in the next fresh worker, before anything else: as a
+    # task of its own (``probe_apart``, its reply only a verdict), or, when the task
+    # holds no other sample, as the task itself.
+    probing: bool = False
+    probe_apart: bool = False
     stall_reported: bool = False
     reply: TaskReply | None = None
     origin: Any = None  # which worker process sent the reply (the pool decodes with it)
@@ -223,6 +243,7 @@ class TaskBook:
         self._shape = _ITERABLE if iterable else _BATCH if auto_collation else _SINGLE
         self.workers = [WorkerRecord(since=now) for _ in range(num_workers)]
         self.restarts = 0
+        self.charged = 0  # restarts counted against max_worker_restarts (see on_death)
         self.retried = 0
         self.batch_time = 0.0  # moving average of the workers' own time per task
         self.last_progress = now  # when a task was last answered (or the epoch began)
@@ -364,6 +385,14 @@ class TaskBook:
         entry = self.tasks.get(reply.seq)
         if reply.epoch != self.epoch or entry is None or entry.reply is not None:
             return False
+        if entry.probing:
+            entry.probing = False
+            if entry.probe_apart:
+                # The suspect, alone in a fresh worker, did not kill it: the evidence
+                # against it is void. The task itself follows this reply.
+                entry.probe_apart = False
+                entry.suspect, entry.named, entry.alone = None, 0, 0
+                return False
         entry.reply = reply
         entry.origin = origin
         self._arrived[reply.seq] = None
@@ -503,8 +532,17 @@ class TaskBook:
         record = self.workers[death.worker_id]
         held = self._held(death.worker_id)
         culprit = self._culprit(death.status, held)
+        named = self._named(self.tasks[culprit], death.status) if culprit is not None else None
         exit_text = record.killed_because or messages.describe_exit(death.exitcode, self.forked)
-        summary = messages.death_summary(death, exit_text, self._indices_of, held, culprit)
+        summary = messages.death_summary(
+            death,
+            exit_text,
+            self._indices_of,
+            held,
+            culprit,
+            sample=named[0] if named is not None else None,
+            alone=named is not None and named[1],
+        )
 
         def give_up(note: str) -> None:
             error = self._crash_error(death, held, f"{summary} {note}".rstrip())
@@ -530,13 +568,15 @@ class TaskBook:
                     "a passing failure."
                 )
                 return None
+        proven = False
         if culprit is not None:
             entry = self.tasks[culprit]
-            if self._is_poison(entry, death, outside) and not self._settle_poison(
-                death, entry, exit_text, outside, give_up
-            ):
+            proven = self._weigh(entry, death, outside, named)
+            if proven and not self._settle_poison(death, entry, exit_text, outside, give_up):
                 return None
-        if self.restarts >= self.policy.max_worker_restarts:
+        # A death proven to be a sample's doing is charged to that sample (left out
+        # and recorded, within max_errors), not to the restart budget.
+        if not proven and self.charged >= self.policy.max_worker_restarts:
             give_up(
                 f"The restart budget is spent (max_worker_restarts="
                 f"{self.policy.max_worker_restarts}); raise it to tolerate more crashes."
@@ -544,33 +584,78 @@ class TaskBook:
             return None
         self.restarts += 1
         record.restarts += 1
+        if not proven:
+            self.charged += 1
+            if culprit is not None:
+                self.tasks[culprit].charged += 1
         record.killed_because = None
         self.last_progress = now  # the replacement gets a whole timeout
-        resend = []
+        resend, probes = self._resend(held, culprit, now)
+        self.retried += len(resend) - len(probes)
+        if proven:
+            counted = "not counted against max_worker_restarts: the sample is the cause"
+        else:
+            counted = f"restart {self.charged} of {self.policy.max_worker_restarts}"
+        tried = (
+            f", after trying dataset index {', '.join(map(repr, probes))} alone in it first "
+            "(a sample that kills a fresh worker by itself is the cause; one that does not "
+            "is cleared)"
+            if probes
+            else ""
+        )
+        report = (
+            f"{summary} Started a replacement ({counted}) and re-sent its "
+            f"{len(resend) - len(probes)} unanswered task(s){tried}; no sample is lost or "
+            "repeated."
+        )
+        return Restart(death.worker_id, tuple(resend), report)
+
+    def _resend(
+        self, held: list[int], culprit: int | None, now: float
+    ) -> tuple[list[Task], list[Any]]:
+        """The tasks for a dead worker's replacement, and the samples tried alone in it.
+
+        A suspect is tried first, before anything else the replacement runs: as a task
+        of its own (same ``seq``: its reply is recognised in :meth:`on_reply`), or as
+        its task when that holds no other sample. Every task that was ever running
+        when its worker died is traced (its status page then names the sample)."""
+        first: list[Task] = []
+        rest: list[Task] = []
+        probes: list[Any] = []
         for seq in held:
             entry = self.tasks[seq]
             if entry.reply is not None:
                 continue  # settled by the poison handling
             entry.sent_at = now
             entry.stall_reported = False
-            resend.append(
-                Task(
-                    self.epoch,
-                    seq,
-                    entry.index,
-                    trace=seq == culprit,
-                    exclude=entry.exclude,
-                    first_sample=entry.first_sample,
-                    want_state=entry.want_state,
-                )
+            task = Task(
+                self.epoch,
+                seq,
+                entry.index,
+                trace=seq == culprit or entry.crashes > 0,
+                exclude=entry.exclude,
+                first_sample=entry.first_sample,
+                want_state=entry.want_state,
             )
-        self.retried += len(resend)
-        report = (
-            f"{summary} Started a replacement (restart {self.restarts} of "
-            f"{self.policy.max_worker_restarts}) and re-sent its {len(resend)} unanswered "
-            "task(s); no sample is lost or repeated."
+            if entry.probing and entry.probe_apart:
+                probes.append(entry.suspect)
+                first.append(self._probe(entry))
+                rest.append(task)
+            elif entry.probing:
+                probes.append(entry.suspect)
+                first.append(task)
+            else:
+                rest.append(task)
+        rest.sort(key=lambda task: task.seq != culprit)  # what it was running, first
+        return first + rest, probes
+
+    def _probe(self, entry: Entry) -> Task:
+        """The task that fetches ``entry``'s suspect alone (traced, as any retry)."""
+        position = entry.indices.index(entry.suspect)
+        index = [entry.suspect] if self._shape == _BATCH else entry.suspect
+        return Task(
+            self.epoch, entry.seq, index, trace=True, first_sample=entry.first_sample + position
         )
-        return Restart(death.worker_id, tuple(resend), report)
 
     def _indices_of(self, seq: int) -> tuple[Any, ...]:
         return self.tasks[seq].indices
@@ -582,65 +667,103 @@ class TaskBook:
             return status.seq
         return None
 
-    def _traced_sample(self, entry: Entry, status: WorkerStatus) -> Any:
-        """The sample a traced retry was fetching when its worker died (None: unknown)."""
-        if status.stage is Stage.FETCH and 0 <= status.position < len(entry.indices):
-            return entry.indices[status.position]
-        return None
+    def _named(self, entry: Entry, status: WorkerStatus) -> tuple[Any, bool] | None:
+        """The sample a death of ``entry``'s worker names, and whether the sample was
+        running alone in a fresh worker (None: no sample named).
 
-    def _is_poison(self, entry: Entry, death: Died, outside: bool) -> bool:
-        """Weigh the evidence that this task (a sample of it) kills its worker.
+        A suspect tried alone is named whatever the stage (nothing else ran there).
+        Otherwise a traced retry names the sample it was fetching, and a task that
+        holds a single sample names it when the worker died fetching."""
+        if entry.probing:
+            return entry.suspect, True
+        if status.stage is not Stage.FETCH:
+            return None
+        if 0 <= status.position < len(entry.indices):
+            return entry.indices[status.position], False
+        live = self._live(entry)
+        return (live[0], False) if len(live) == 1 else None
 
-        A death of its own twice (the first time, and on the traced retry) is
-        proof. A kill from outside is weak evidence: the OOM killer picks a victim
-        by size, an operator picks anyone. It takes a third death, and the last
-        two while fetching the same sample, to accuse it."""
+    @staticmethod
+    def _live(entry: Entry) -> tuple[Any, ...]:
+        """The samples the task still fetches (those not left out)."""
+        return tuple(i for i in entry.indices if i not in entry.exclude)
+
+    def _weigh(
+        self, entry: Entry, death: Died, outside: bool, named: tuple[Any, bool] | None
+    ) -> bool:
+        """Add a death to the evidence against ``entry``; True when it proves the cause
+        (``entry.suspect``, or the batch as a whole when that is None).
+
+        Before a sample is called the cause, it is tried alone in a fresh worker: a
+        worker may die at a sample for reasons that have nothing to do with it (the
+        OOM killer picks a victim by size, an operator picks anyone; memory leaked by
+        the samples before it). Proof is deaths in a row that name it, all of one kind,
+        the last of them alone: for a death of its own one alone is enough; a kill from
+        outside is weak evidence, and it takes two. Deaths that name no sample (outside
+        fetching) prove the batch as a whole at STRONG_DEATHS / WEAK_DEATHS in a row,
+        each in a fresh worker that ran that batch first."""
         entry.crashes += 1
-        sample = self._traced_sample(entry, death.status)
-        if sample is not None and sample == entry.suspect:
-            entry.suspect_deaths += 1
+        kind: int | str | None = _OUTSIDE if outside else death.exitcode
+        if named is None:
+            entry.suspect, entry.named, entry.alone = None, 0, 0
+            same = entry.unnamed_kind == kind
+            entry.unnamed, entry.unnamed_kind = (entry.unnamed + 1 if same else 1), kind
+            return entry.unnamed >= (WEAK_DEATHS if outside else STRONG_DEATHS)
+        sample, alone = named
+        entry.unnamed, entry.unnamed_kind = 0, None
+        if entry.named and sample == entry.suspect and kind == entry.suspect_kind:
+            entry.named += 1
+            entry.alone += alone
         else:
-            entry.suspect, entry.suspect_deaths = sample, 1 if sample is not None else 0
-        if not outside:
-            return entry.crashes >= STRONG_DEATHS
-        if sample is None:
-            return entry.crashes >= WEAK_DEATHS
-        return entry.crashes >= WEAK_DEATHS and entry.suspect_deaths >= WEAK_DEATHS - 1
+            entry.suspect, entry.suspect_kind = sample, kind
+            entry.named, entry.alone = 1, int(alone)
+        deaths, needed = (WEAK_DEATHS, WEAK_ALONE) if outside else (STRONG_DEATHS, STRONG_ALONE)
+        if entry.named >= deaths and entry.alone >= needed:
+            entry.probing = False
+            return True
+        entry.probing = True
+        entry.probe_apart = len(self._live(entry)) > 1
+        return False
 
     def _settle_poison(
         self, death: Died, entry: Entry, exit_text: str, outside: bool, give_up: Any
     ) -> bool:
         """A task was proven to kill its worker: name the sample, skip it or give up.
         Returns False when the book gave up."""
-        poison = self._traced_sample(entry, death.status)
+        poison = entry.suspect
         times = f"{entry.crashes} times" if entry.crashes != 2 else "twice"
+        if poison is not None:
+            last = "the last time" if entry.alone == 1 else f"the last {entry.alone} times"
+            proof = f"{times}, {last} alone in a fresh worker"
+        else:
+            proof = f"{times} (the first time, and again on each retry)"
         if not self.policy.skipping:
             give_up(
-                f"Dataset index {poison!r} killed its worker {times} (the first time, and "
-                "again on each retry): that sample is the cause, not the machine. Fix the "
-                "sample, or pass on_error='skip' to leave it out."
+                f"Dataset index {poison!r} killed its worker {proof}: that sample is the "
+                "cause, not the machine. Fix the sample, or pass on_error='skip' to leave "
+                "it out."
                 if poison is not None
-                else f"This batch killed its worker {times} (the first time, and again on "
-                "each retry), outside fetching samples; pass on_error='skip' to leave it out."
+                else f"This batch killed its worker {proof}, outside fetching samples; pass "
+                "on_error='skip' to leave it out."
             )
             return False
         why = f"killed its worker {times}: {exit_text}"
-        lost = (
-            (poison,)
-            if poison is not None
-            else tuple(i for i in entry.indices if i not in entry.exclude)
-        )
+        lost = (poison,) if poison is not None else self._live(entry)
         # "crash": proven by its own crashes; "killed": accused by kills from outside.
         stage = "killed" if outside else "crash"
         entry.left_out += [LeftOutNote(i, death.worker_id, stage, _CRASH_TYPE, why) for i in lost]
         if not outside:
             # Proven by its own crashes: left out of later tasks too, without another.
-            # Accused by kills from outside, it is tried again in the next epoch.
+            # Kills from outside may have come from memory pressure that passes: the
+            # sample is tried again in the next epoch.
             self.skips.mark_poison(lost)
+        # Its deaths were the sample's doing: given back to the restart budget.
+        self.charged = max(0, self.charged - entry.charged)
+        entry.charged = 0
         if poison is not None:
             entry.exclude = (*entry.exclude, poison)
-            entry.crashes = entry.suspect_deaths = 0
-            entry.suspect = None
+            entry.crashes = entry.named = entry.alone = 0
+            entry.suspect = entry.suspect_kind = None
         else:  # nothing left to retry: settle the task as an empty batch
             entry.reply = BatchDone(self.epoch, entry.seq, None)
             self._arrived[entry.seq] = None

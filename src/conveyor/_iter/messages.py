@@ -49,7 +49,12 @@ def death_summary(
     indices_of: Callable[[int], tuple[Any, ...]],
     held: list[int],
     culprit: int | None,
+    *,
+    sample: Any = None,
+    alone: bool = False,
 ) -> str:
+    """``sample``: the dataset index the worker died at, if known; ``alone``: it was
+    being tried alone in a fresh worker."""
     status = death.status
     where = ""
     if status.stage is not None:
@@ -57,8 +62,9 @@ def death_summary(
         if culprit is not None:
             indices = indices_of(culprit)
             where += f" of batch {culprit} (dataset indices {short(indices)})"
-            if status.stage.value == "fetch" and 0 <= status.position < len(indices):
-                where += f", at dataset index {indices[status.position]!r}"
+            if sample is not None:
+                where += f", at dataset index {sample!r}"
+                where += " (tried alone in a fresh worker)" if alone else ""
     holding = tuple(i for seq in held for i in indices_of(seq))
     held_text = f" It held dataset indices {short(holding)}." if holding else ""
     return (
