@@ -13,15 +13,13 @@ import os
 import selectors
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from types import FrameType
 from typing import Any
 
 import cloudpickle
@@ -33,6 +31,7 @@ from .._transport.codec import Decoder, Payload, SlotPayload
 from ..config import StartMethod
 from .events import Died, PoolEvent, Received
 from .fds import InheritedFd
+from .interrupts import interrupts_deferred
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
@@ -393,7 +392,7 @@ class WorkerPool:
             # A forked child (one of ours, or another library's) inherited this
             # pool; the workers are not its children. Leave them to their owner.
             return
-        with _interrupts_deferred():
+        with interrupts_deferred():
             self._teardown()
 
     def _teardown(self) -> None:
@@ -607,8 +606,10 @@ def _start_worker(
         if process.pid is not None:
             process.kill()
             process.join()
+            process.close()  # its sentinel (a traceback kept in a notebook holds `process`)
         task_writer.close()
         result_reader.close()
+        arena.drop_maps()  # the status page's map holds a descriptor of its own
         arena.close()
         os.close(stack_reader)
         raise
@@ -620,34 +621,6 @@ def _start_worker(
         if isinstance(payload, InheritedFd):
             payload.close()
     return _Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C back until the block is done, then act on it as the program's own
-    SIGINT handler would (``KeyboardInterrupt`` by default). Python runs signal
-    handlers in the main thread only; elsewhere the block just runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[FrameType | None] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        received.append(frame)
-
-    if signal.getsignal(signal.SIGINT) is None:  # installed from C: not ours to swap
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            if callable(previous):
-                previous(signal.SIGINT, received[-1])
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
 
 
 def _escalate(processes: list[BaseProcess]) -> None:

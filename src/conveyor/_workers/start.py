@@ -22,6 +22,7 @@ from typing import Any
 
 from .._torch import DEFER_ENV
 from ..config import StartMethod
+from .interrupts import interrupts_deferred
 
 _lock = threading.Lock()
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
@@ -35,10 +36,13 @@ def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[s
     (``PR_SET_PDEATHSIG``), and the kernel means the parent *thread*: workers
     started from a short-lived thread (an evaluation thread) would die with it.
     So they are started from the main thread, or else from one daemon thread
-    kept for this.
+    kept for this. A Ctrl-C in the main thread waits until the start is complete:
+    cut in half, it would leave a child blocked for its instructions and pipes
+    that only the lost ``Popen`` object could close.
     """
     if threading.current_thread() is threading.main_thread():
-        _start(method, process, preload)
+        with interrupts_deferred():
+            _start(method, process, preload)
     else:
         _Starter.get().run(lambda: _start(method, process, preload))
 
