@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import copy
 import math
-import operator
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
@@ -47,7 +46,6 @@ OUTPUT_ALLOCATOR: contextvars.ContextVar[Allocator | None] = contextvars.Context
 """When set, ``allocator(nbytes)`` returns a writable 1-d uint8 array of at least
 ``nbytes`` bytes (or None) that a stacked array or tensor is written into."""
 
-_SHAPE = operator.attrgetter("shape")
 _NP_SCALARS = (np.bool_, np.number, np.object_)
 _NATIVE_DTYPES = frozenset(
     np.dtype(name)
@@ -119,16 +117,17 @@ def _stack_exact(batch: Sequence[Any]) -> np.ndarray | None:
     if out is None:
         out = np.empty(shape, elem.dtype)
     try:
-        # One shape for all (checked in C); ragged first dimensions could
-        # otherwise add up to the right total and concatenate silently.
-        if len(set(map(_SHAPE, batch))) != 1:
-            return None
         if elem.ndim:
             # Joining along axis 0 into the (n * d0, ...) view of ``out`` is a
             # stack, without the per-element views np.stack builds (4x faster).
+            # NumPy checks every dimension but the first; ragged first dimensions
+            # could add up to the right total, so those are checked here (len() is
+            # a third of the cost of comparing whole shapes).
+            if len(set(map(len, batch))) != 1:
+                return None
             np.concatenate(batch, out=out.reshape(-1, *elem.shape[1:]), casting="no")
         else:
-            np.stack(batch, out=out, casting="no")
+            np.stack(batch, out=out, casting="no")  # checks every shape itself
     except (ValueError, TypeError, AttributeError):
         return None
     return out

@@ -92,6 +92,7 @@ class WorkerArena:
         self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
         self._maps: dict[int, np.ndarray] = {}
+        self._addresses: dict[int, int] = {}  # where each slot is mapped here
         self._free: set[int] = set()
         self._budgeted: set[int] = set()  # slots counted against the run-ahead budget
         self._holders: dict[int, set[str]] = {}  # leased slots: who still uses each
@@ -169,6 +170,10 @@ class WorkerArena:
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
 
+    def address(self, slot_id: int) -> int:
+        """Where a slot is mapped in this process (asked once per batch: cached)."""
+        return self._addresses[slot_id]
+
     def _room_for(self, size: int) -> bool | None:
         """Whether one more slot of ``size`` bytes may be added: True within the
         run-ahead budget (small batches run ahead, or kept by the loop), False as one
@@ -214,6 +219,7 @@ class WorkerArena:
         self._free.discard(slot_id)
         self._budgeted.discard(slot_id)
         self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
+        self._addresses.pop(slot_id, None)
         self._watch.pop(slot_id, None)
         _punch_hole(self._fd, slot.offset, slot.size)
         self._retired.append(slot_id)
@@ -245,6 +251,7 @@ class WorkerArena:
         self._next_id += 1
         self._slots[slot.slot_id] = slot
         self._maps[slot.slot_id] = view
+        self._addresses[slot.slot_id] = view.ctypes.data
         return slot
 
 
@@ -394,11 +401,13 @@ class SlotLease:
     already inside the slot stay where they are, the rest are copied after.
     """
 
-    def __init__(self, slot: SlotInfo, view: np.ndarray) -> None:
+    def __init__(self, slot: SlotInfo, view: np.ndarray, address: int | None = None) -> None:
         self.slot = slot
         self.view = view
         self.used = 0
-        self.base = view.ctypes.data  # the slot's address in this process
+        # The slot's address in this process (the arena knows it: asking the view
+        # costs a microsecond, once per batch).
+        self.base = view.ctypes.data if address is None else address
 
     def allocate(self, nbytes: int) -> np.ndarray | None:
         start = self.used

@@ -17,8 +17,7 @@ import io
 import pickle
 import sys
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,8 +159,7 @@ class Encoder:
         self._lease: SlotLease | None = None
         self._metas: dict[tuple[Any, ...], bytes] = {}  # see _encode_known
 
-    @contextmanager
-    def collating(self) -> Iterator[None]:
+    def collating(self) -> _Collating:
         """Let collate stack arrays straight into a slot sized like the last batch.
 
         Before the first batch no size is known: the slot is taken at collate's first
@@ -170,12 +168,7 @@ class Encoder:
         (a 640 MiB batch would need twice that at its peak).
         """
         self._lease = self._acquire(self._size_hint) if self._size_hint else None
-        allocate = self._lease.allocate if self._lease else self._allocate_first
-        token = OUTPUT_ALLOCATOR.set(allocate)
-        try:
-            yield
-        finally:
-            OUTPUT_ALLOCATOR.reset(token)
+        return _Collating(self._lease.allocate if self._lease else self._allocate_first)
 
     def _allocate_first(self, nbytes: int) -> np.ndarray | None:
         if self._lease is None:
@@ -260,7 +253,26 @@ class Encoder:
         acquired = self.arena.acquire(nbytes)
         if acquired is None and self._reclaim is not None and self._reclaim():
             acquired = self.arena.acquire(nbytes)
-        return SlotLease(*acquired) if acquired is not None else None
+        if acquired is None:
+            return None
+        slot, view = acquired
+        return SlotLease(slot, view, self.arena.address(slot.slot_id))
+
+
+class _Collating:
+    """The allocator collate uses while this is entered (a class, not a generator-based
+    context manager: entered once per batch, that costs a microsecond less)."""
+
+    __slots__ = ("_allocate", "_token")
+
+    def __init__(self, allocate: Callable[[int], np.ndarray | None]) -> None:
+        self._allocate = allocate
+
+    def __enter__(self) -> None:
+        self._token = OUTPUT_ALLOCATOR.set(self._allocate)
+
+    def __exit__(self, *exc: object) -> None:
+        OUTPUT_ALLOCATOR.reset(self._token)
 
 
 _KNOWN_STRUCTURES = 64  # batch structures an encoder keeps the pickle of

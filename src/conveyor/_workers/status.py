@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import IntEnum
 
 from .protocol import Stage
 
 STATUS_BYTES = 64
 
 
-class _Field(IntEnum):
+class _Field:
+    """Positions of the int64 fields (plain ints: written several times per batch)."""
+
     EPOCH = 0
     SEQ = 1
     STAGE = 2
