@@ -296,6 +296,58 @@ def test_batches_shaped_alike_reuse_the_pickle_and_decode_the_same(
         released.clear()
 
 
+@pytest.mark.parametrize("as_tensors", [False, True])
+@pytest.mark.parametrize("container", [list, tuple, dict])
+def test_plain_batches_are_rebuilt_without_unpickling_and_stay_views(
+    pair, monkeypatch, container, as_tensors
+):
+    if as_tensors:
+        pytest.importorskip("torch")
+    from conveyor._transport import codec
+
+    built = []
+    build = codec._Plan.build
+    monkeypatch.setattr(codec._Plan, "build", lambda plan, *a: built.append(1) or build(plan, *a))
+    encoder, decoder, released = pair
+    encoder.arrays_as_tensors = as_tensors
+    for i in range(4):
+        arrays = [np.full((3, 2), i, np.float32), np.arange(i, i + 5), np.zeros(0, np.uint8)]
+        batch = dict(zip("abc", arrays, strict=True)) if container is dict else container(arrays)
+        payload = encoder.encode(batch)
+        assert payload.plain
+        out = decoder.decode(payload)
+        assert len(built) == i  # the first is unpickled; the rest built from its plan
+        assert type(out) is container
+        got = _leaves(out) if container is not tuple else list(out)
+        for value, want in zip(got, arrays, strict=True):
+            assert type(value).__name__ == ("Tensor" if as_tensors else "ndarray")
+            value = np.asarray(value)
+            assert (value.dtype, value.shape) == (want.dtype, want.shape)
+            np.testing.assert_array_equal(value, want)
+            assert value.flags.writeable
+        view = decoder.arena.view(payload.slot)
+        assert np.shares_memory(np.asarray(got[0]), view)  # no copy
+        kept = got[1]
+        del out, got, value
+        gc.collect()
+        assert released == []  # a view of the batch is still alive
+        del kept
+        gc.collect()
+        assert released == [payload.slot.slot_id]
+        encoder.arena.release(tuple(released))
+        released.clear()
+
+
+def test_batches_that_are_not_plain_are_always_unpickled(pair):
+    encoder, decoder, _ = pair
+    for _ in range(2):
+        payload = encoder.encode({"x": np.ones(4), "note": "text"})  # a str leaf
+        assert not payload.plain
+        out = decoder.decode(payload)
+        assert out["note"] == "text"
+    assert not decoder._plans
+
+
 def _leaves(batch):
     if isinstance(batch, dict):
         return list(batch.values())

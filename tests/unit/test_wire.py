@@ -31,6 +31,7 @@ MESSAGES = [
     Task(1, 2, ["a", ("b", 3)], exclude=("b",)),  # excluded indices: pickled whole
     BatchDone(0, 5, SlotPayload(SLOT, b"meta", ((0, 8), (64, 16)), (0, 1)), (), 0.25),
     BatchDone(0, 6, SlotPayload(SLOT, b"", (), ()), (), 0.0),
+    BatchDone(0, 6, SlotPayload(SLOT, b"m", ((0, 8),), (), plain=True), (), 0.5),
     BatchDone(0, 7, InlinePayload(b"x" * 10, slots_exhausted=True, held_in_worker=2)),
     BatchDone(0, 8, None, (SampleFailed(3, Stage.FETCH, capture(KeyError("k"))),)),
     BatchDone(0, 9, SlotPayload(SLOT, b"m", ((0, 8),)), state=b"state"),

@@ -33,6 +33,9 @@ class SlotPayload:
     meta: bytes
     layout: tuple[tuple[int, int], ...]  # (offset, nbytes) of each out-of-band buffer
     retired: tuple[int, ...] = ()  # slots the worker gave up since its last SlotPayload
+    # A flat list, tuple or str-keyed dict of plain arrays, one per buffer in order:
+    # the main process may rebuild it without unpickling (see Decoder).
+    plain: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,8 +210,8 @@ class Encoder:
             self._remember_size(lease.used)
             for b in buffers:
                 b.release()
-            self._remember(batch, meta, layout)
-            return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
+            plain = self._remember(batch, meta, layout)
+            return SlotPayload(lease.slot, meta, layout, self.arena.take_retired(), plain)
         except BaseException:
             if lease is not None:
                 self.arena.release((lease.slot.slot_id,))
@@ -232,22 +235,24 @@ class Encoder:
         if layout is None:
             return None
         self._remember_size(lease.used)
-        return SlotPayload(lease.slot, meta, layout, self.arena.take_retired())
+        return SlotPayload(lease.slot, meta, layout, self.arena.take_retired(), True)
 
     def _remember_size(self, used: int) -> None:
         self._size_hint, self._last_used = min(used, self._last_used or used), used
 
-    def _remember(self, batch: Any, meta: bytes, layout: tuple[tuple[int, int], ...]) -> None:
+    def _remember(self, batch: Any, meta: bytes, layout: tuple[tuple[int, int], ...]) -> bool:
         """Keep the pickle of a batch that _encode_known can reuse: one out-of-band
-        buffer per array, in order (so the pickle refers to exactly these arrays)."""
+        buffer per array, in order (so the pickle refers to exactly these arrays).
+        True if the batch is such a plain one."""
         arrays = _plain_arrays(batch)
         if arrays is None or len(arrays) != len(layout):
-            return
+            return False
         if any(a.nbytes != nbytes for a, (_, nbytes) in zip(arrays, layout, strict=True)):
-            return
+            return False
         if len(self._metas) >= _KNOWN_STRUCTURES:
             self._metas.clear()
         self._metas[_structure(batch, arrays)] = meta
+        return True
 
     def _acquire(self, nbytes: int) -> SlotLease | None:
         acquired = self.arena.acquire(nbytes)
@@ -309,6 +314,54 @@ def _packed_size(raws: list[memoryview]) -> int:
     return sum(align(raw.nbytes) for raw in raws)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How to rebuild a plain batch (``SlotPayload.plain``) from its buffers alone: its
+    container, and each leaf's dtype, shape and whether it is a tensor."""
+
+    kind: type
+    keys: tuple[str, ...] | None  # a dict's, in order
+    leaves: tuple[tuple[np.dtype[Any], tuple[int, ...], bool], ...]
+
+    @staticmethod
+    def of(batch: Any, buffers: list[np.ndarray]) -> _Plan | None:
+        """The plan that rebuilds ``batch``, if each of its leaves is exactly one of
+        ``buffers`` (in order) seen as an array or a tensor; else None."""
+        kind = type(batch)
+        if kind is dict:
+            keys: tuple[str, ...] | None = tuple(batch)
+            values = list(batch.values())
+        elif kind is list or kind is tuple:
+            keys, values = None, list(batch)
+        else:
+            return None
+        if len(values) != len(buffers):
+            return None
+        torch = sys.modules.get("torch")
+        leaves = []
+        for value, buffer in zip(values, buffers, strict=True):
+            is_tensor = torch is not None and type(value) is torch.Tensor
+            array = value.numpy() if is_tensor else value
+            if type(array) is not np.ndarray or not array.flags.c_contiguous:
+                return None
+            if array.nbytes != buffer.nbytes or (
+                array.nbytes and array.ctypes.data != buffer.ctypes.data
+            ):
+                return None
+            leaves.append((array.dtype, array.shape, is_tensor))
+        return _Plan(kind, keys, tuple(leaves))
+
+    def build(self, base: np.ndarray, layout: tuple[tuple[int, int], ...]) -> Any:
+        ndarray, leaves = np.ndarray, []
+        from_numpy = sys.modules["torch"].from_numpy if "torch" in sys.modules else None
+        for (dtype, shape, is_tensor), (offset, _) in zip(self.leaves, layout, strict=True):
+            leaf = ndarray(shape, dtype, base, offset)
+            leaves.append(from_numpy(leaf) if is_tensor and from_numpy else leaf)
+        if self.keys is not None:
+            return dict(zip(self.keys, leaves, strict=True))
+        return leaves if self.kind is list else tuple(leaves)
+
+
 class Decoder:
     """Main-process side, one per worker."""
 
@@ -318,6 +371,9 @@ class Decoder:
         # The base array of each slot's batch, watched: a weak reference with a callback
         # costs a sixth of a weakref.finalize, once per batch.
         self._watch: dict[int, weakref.ref[np.ndarray]] = {}
+        # Plain batches by their pickle: unpickled once, then built from the plan
+        # (half the cost: no pickle machinery, no reconstructor calls).
+        self._plans: dict[bytes, _Plan | None] = {}
 
     def _on_release(self, slot_id: int) -> None:
         self._watch.pop(slot_id, None)
@@ -335,15 +391,23 @@ class Decoder:
         # (NumPy collapses view chains down to it, no further, because its own
         # base is a memoryview), so it dies exactly when the last one does.
         base = np.frombuffer(memoryview(region), dtype=np.uint8)  # type: ignore[arg-type]
-        buffers = [base[offset : offset + nbytes] for offset, nbytes in payload.layout]
-        try:
-            batch = pickle.loads(payload.meta, buffers=buffers)
-        except BaseException:
-            # Nothing of the batch reaches the user: the slot goes back now (the
-            # failed unpickle's frames may keep ``base`` alive for a long while).
-            self._on_release(slot_id)
-            raise
-        del buffers
+        plan = self._plans.get(payload.meta) if payload.plain else None
+        if plan is not None:
+            batch = plan.build(base, payload.layout)
+        else:
+            buffers = [base[offset : offset + nbytes] for offset, nbytes in payload.layout]
+            try:
+                batch = pickle.loads(payload.meta, buffers=buffers)
+            except BaseException:
+                # Nothing of the batch reaches the user: the slot goes back now (the
+                # failed unpickle's frames may keep ``base`` alive for a long while).
+                self._on_release(slot_id)
+                raise
+            if payload.plain and payload.meta not in self._plans:
+                if len(self._plans) >= _KNOWN_STRUCTURES:
+                    self._plans.clear()
+                self._plans[payload.meta] = _Plan.of(batch, buffers)
+            del buffers
         release = self._on_release
         self._watch[slot_id] = weakref.ref(base, lambda _: release(slot_id))
         return batch

@@ -33,8 +33,8 @@ _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
 _TASK_TRACE, _TASK_WANT_STATE = 1, 2
-# epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count
-_BATCH = struct.Struct("<qqdqqqII")
+# epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count, plain
+_BATCH = struct.Struct("<qqdqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
 READ_SIZE = 1 << 16
 
@@ -81,6 +81,7 @@ def _encode_batch(message: BatchDone) -> bytes:
         slot.size,
         len(layout),
         len(retired),
+        payload.plain,
     )
     pairs = struct.pack(f"<{2 * len(layout)}q", *(n for pair in layout for n in pair))
     ids = struct.pack(f"<{len(retired)}q", *retired) if retired else b""
@@ -104,7 +105,9 @@ class BodyDecoder:
         raise ValueError(f"unknown frame kind {bytes(kind)!r} on a conveyor worker pipe")
 
     def _decode_batch(self, body: memoryview) -> BatchDone:
-        epoch, seq, busy, slot_id, offset, size, n_layout, n_retired = _BATCH.unpack_from(body, 1)
+        epoch, seq, busy, slot_id, offset, size, n_layout, n_retired, plain = _BATCH.unpack_from(
+            body, 1
+        )
         at = 1 + _BATCH.size
         numbers = struct.unpack_from(f"<{2 * n_layout}q", body, at)
         layout = tuple(zip(numbers[::2], numbers[1::2], strict=True))
@@ -115,7 +118,8 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        return BatchDone(epoch, seq, SlotPayload(slot, bytes(body[at:]), layout, retired), (), busy)
+        payload = SlotPayload(slot, bytes(body[at:]), layout, retired, plain)
+        return BatchDone(epoch, seq, payload, (), busy)
 
 
 def _decode_task(body: memoryview) -> Task:
