@@ -35,8 +35,9 @@ class Outbox:
         """
         data = memoryview(wire.encode(message))
         if self._queue:
+            # The pipe was full: the pool writes when the selector says it has room
+            # (trying now would mostly fail: a wasted system call per task).
             self._queue.append(data)
-            self.flush()
             return
         try:
             written = os.write(self.fd, data)
