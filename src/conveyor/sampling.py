@@ -406,6 +406,13 @@ class InfiniteConstantSampler(Sampler[None]):
 # --- seeds ------------------------------------------------------------------
 
 
+def consecutive_batches(index_sampler: Any) -> bool:
+    """Whether every batch ``index_sampler`` yields is a run of consecutive ints:
+    conveyor's own ``BatchSampler`` over its own ``SequentialSampler`` (the
+    default without ``shuffle``), whose iterator draws from a ``range``."""
+    return type(index_sampler) is BatchSampler and type(index_sampler.sampler) is SequentialSampler
+
+
 def draw_base_seed(generator: Any = None) -> int:
     """Draw a loader iterator's base seed, a non-negative 63-bit int.
 

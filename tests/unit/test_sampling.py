@@ -617,3 +617,25 @@ def test_without_torch_error_types(no_torch_run: dict[str, Any]) -> None:
         "b": "ValueError",
         "w_iter": "RuntimeError",
     }
+
+
+def test_only_conveyors_own_sequential_batches_are_called_consecutive() -> None:
+    import conveyor
+
+    data = list(range(20))
+    seq = conveyor.DataLoader(data, batch_size=4)._index_sampler
+    assert sampling.consecutive_batches(seq)
+    for batches in list(seq)[:3]:
+        assert batches == list(range(batches[0], batches[0] + len(batches)))
+
+    class Mine(sampling.SequentialSampler):
+        def __iter__(self) -> Iterator[int]:
+            return iter(reversed(range(len(self.data_source))))
+
+    others = [
+        conveyor.DataLoader(data, batch_size=4, shuffle=True)._index_sampler,
+        conveyor.DataLoader(data, batch_size=4, sampler=Mine(data))._index_sampler,
+        conveyor.DataLoader(data, batch_size=None)._index_sampler,
+        conveyor.DataLoader(data, batch_sampler=[[0, 1], [3, 2]])._index_sampler,
+    ]
+    assert not any(sampling.consecutive_batches(s) for s in others)

@@ -35,6 +35,7 @@ MESSAGES = [
     BatchDone(0, 7, InlinePayload(b"x" * 10, slots_exhausted=True, held_in_worker=2)),
     BatchDone(0, 8, None, (SampleFailed(3, Stage.FETCH, capture(KeyError("k"))),)),
     BatchDone(0, 9, SlotPayload(SLOT, b"m", ((0, 8),)), state=b"state"),
+    Task(3, 4, list(range(1000, 1256)), (7,), consecutive=True),  # a sequential sampler's
     Release((4, 5, 6)),
     Ready(1, 1234, b"state"),
     Stop(),
@@ -49,6 +50,15 @@ def test_every_message_round_trips(message: object) -> None:
         assert decoded.skipped[0].error.message == message.skipped[0].error.message
         return
     assert decoded == message
+
+
+def test_a_consecutive_index_travels_as_two_numbers_and_comes_back_a_list() -> None:
+    index = list(range(10**9, 10**9 + 256))
+    plain, run = Task(0, 1, index), Task(0, 1, index, consecutive=True)
+    assert len(wire.encode(run)) < 100 < len(wire.encode(plain))
+    back = wire.BodyDecoder().decode(memoryview(wire.encode(run))[8:])
+    assert type(back.index) is list and back.index == index
+    assert all(type(i) is int for i in back.index)
 
 
 def test_hot_messages_take_the_fixed_layout() -> None:

@@ -339,8 +339,10 @@ class TaskBook:
         *,
         first_sample: int = 0,
         want_state: bool = False,
+        consecutive: bool = False,
     ) -> Task:
-        """Record a new task for ``worker_id``; returns the message to send."""
+        """Record a new task for ``worker_id``; returns the message to send.
+        ``consecutive``: ``index`` is a run of consecutive ints (see ``Task``)."""
         seq = self.next_seq
         self.next_seq += 1
         entry = Entry(seq, worker_id, index, self._shape, now)
@@ -369,6 +371,7 @@ class TaskBook:
             exclude=entry.exclude,
             first_sample=first_sample,
             want_state=want_state,
+            consecutive=consecutive,
         )
 
     # --- replies --------------------------------------------------------------------

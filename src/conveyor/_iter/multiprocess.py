@@ -50,7 +50,7 @@ from ..errors import (
     attach_worker_context,
 )
 from ..records import LoaderStatistics
-from ..sampling import draw_base_seed
+from ..sampling import consecutive_batches, draw_base_seed
 from .batches import batch_size_of
 from .book import (
     Busy,
@@ -129,6 +129,7 @@ class MultiprocessIterator:
         finished = resume is not None and resume.finished
         self._resume = resume if resume is not None and not finished else None
         self._cursor = SamplerCursor(config)
+        self._consecutive = consecutive_batches(config.index_sampler)
         # A DataPipe draws shared seeds around the base seed, where torch draws them: the
         # workers start with the first; the second only reseeds the main process's copy.
         self._pipe_seeds = SharedSeeds() if is_iter_datapipe(config.dataset) else None
@@ -378,6 +379,7 @@ class MultiprocessIterator:
             time.monotonic(),
             first_sample=cursor.samples_before(seq),
             want_state=self._per_worker and self._config.snapshot_every_n_steps > 0,
+            consecutive=self._consecutive,
         )
         self._pool.send(worker_id, task)
         return True

@@ -200,6 +200,7 @@ class WorkerPool:
                 task.exclude,
                 task.first_sample,
                 task.want_state,
+                task.consecutive,
             )
         try:
             worker.outbox.send(task)  # never blocks: see outbox.py

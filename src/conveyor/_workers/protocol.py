@@ -53,6 +53,9 @@ class Task:
     exclude: tuple[Any, ...] = ()  # dataset indices to leave out (samples that kill workers)
     first_sample: int = 0  # the position of its first sample in the epoch (reseed="sample")
     want_state: bool = False  # reply with the dataset's state after this task
+    # ``index`` is ``list(range(index[0], index[0] + len(index)))`` (a sequential
+    # sampler's batch): it travels as two numbers instead of a pickled list.
+    consecutive: bool = False
 
 
 @dataclass(frozen=True)

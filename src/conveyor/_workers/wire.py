@@ -5,7 +5,8 @@ first byte says how the rest is encoded. The two messages sent once per batch ha
 fixed binary layout (``struct``), which costs a fraction of pickling a dataclass:
 
 - ``T``: a :class:`Task` without excluded indices; its ``index`` (whatever the sampler
-  yielded) is pickled, so its types come back exactly.
+  yielded) is pickled, so its types come back exactly, or, when it is a run of
+  consecutive ints (``Task.consecutive``), sent as its first value and length.
 - ``B``: a :class:`BatchDone` whose payload is a :class:`SlotPayload` and that carries
   nothing else (no skipped samples, no state).
 
@@ -32,7 +33,8 @@ from .protocol import BatchDone, Task
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
-_TASK_TRACE, _TASK_WANT_STATE = 1, 2
+_TASK_TRACE, _TASK_WANT_STATE, _TASK_CONSECUTIVE = 1, 2, 4
+_RUN = struct.Struct("<qq")  # a consecutive index: its first value and length
 # epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count, plain
 _BATCH = struct.Struct("<qqdqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
@@ -53,10 +55,16 @@ def encode(message: Any) -> bytes:
 
 def _encode_task(task: Task) -> bytes:
     flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
+    index = task.index
+    if task.consecutive and index:
+        flags |= _TASK_CONSECUTIVE
+        packed = _RUN.pack(index[0], len(index))
+    else:
+        packed = pickle.dumps(index, pickle.HIGHEST_PROTOCOL)
     released = task.released
     head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
     ids = struct.pack(f"<{len(released)}q", *released) if released else b""
-    return b"".join((_KIND_TASK, head, ids, pickle.dumps(task.index, pickle.HIGHEST_PROTOCOL)))
+    return b"".join((_KIND_TASK, head, ids, packed))
 
 
 def _plain_batch(message: BatchDone) -> bool:
@@ -126,7 +134,13 @@ def _decode_task(body: memoryview) -> Task:
     epoch, seq, first_sample, flags, n_released = _TASK.unpack_from(body, 1)
     at = 1 + _TASK.size
     released = struct.unpack_from(f"<{n_released}q", body, at) if n_released else ()
-    index = pickle.loads(body[at + 8 * n_released :])
+    at += 8 * n_released
+    consecutive = bool(flags & _TASK_CONSECUTIVE)
+    if consecutive:
+        first, length = _RUN.unpack_from(body, at)
+        index = list(range(first, first + length))  # the list the sampler yielded
+    else:
+        index = pickle.loads(body[at:])
     return Task(
         epoch,
         seq,
@@ -136,6 +150,7 @@ def _decode_task(body: memoryview) -> Task:
         (),
         first_sample,
         bool(flags & _TASK_WANT_STATE),
+        consecutive,
     )
 
 
