@@ -1,0 +1,141 @@
+"""Ctrl-C while a loader's workers start; the program catches KeyboardInterrupt, keeps
+it (as a notebook keeps the last exception, traceback and all) and carries on.
+
+Usage: ``python interrupted_startup.py START_METHOD WHEN``. ``WHEN`` is ``spawning``
+(a real SIGINT the moment the first worker process exists, before multiprocessing
+has sent it what it needs to run: its start is half done) or ``starting`` (a real
+SIGINT while ``iter()`` waits for workers that are in ``worker_init_fn``: sent by a
+thread once a worker said it is there). Prints one JSON line: how many
+KeyboardInterrupts were caught, the processes started since that are still
+running, and every file descriptor (pipes included) opened since and still open.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import psutil
+
+from conveyor import DataLoader
+
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+class Gate:
+    """worker_init_fn: writes a byte to the FIFO at ``fifo`` (a path reaches workers
+    under every start method), then blocks until the worker is stopped."""
+
+    def __init__(self, fifo: str) -> None:
+        self.fifo = fifo
+
+    def __call__(self, worker_id: int) -> None:
+        fd = os.open(self.fifo, os.O_WRONLY)
+        os.write(fd, b"x")
+        os.close(fd)
+        threading.Event().wait()  # starting, for as long as it takes
+
+
+def open_fds() -> dict[int, str]:
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the descriptor listdir used
+            continue
+    return found
+
+
+def descendants() -> list[psutil.Process]:
+    """Running processes started by this one, but multiprocessing's own helpers (a fork
+    server, the resource tracker: started once, they live as long as the interpreter)."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any(h in " ".join(proc.cmdline()) for h in _HELPERS):
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def interrupt_when_spawned() -> None:
+    """Send SIGINT right after the first spawned child exists (once)."""
+    original = multiprocessing.util.spawnv_passfds
+
+    def spawned(*args: Any) -> int:
+        multiprocessing.util.spawnv_passfds = original
+        pid = original(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: raised at the next bytecode
+        return pid
+
+    multiprocessing.util.spawnv_passfds = spawned
+
+
+def interrupt_when_starting(fifo: str) -> None:
+    """A thread: once a worker is in worker_init_fn, send SIGINT to this process."""
+    os.mkfifo(fifo)
+
+    def wait_then_interrupt() -> None:
+        fd = os.open(fifo, os.O_RDONLY)  # blocks until a worker opens it to write
+        os.read(fd, 1)
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=wait_then_interrupt, daemon=True).start()
+
+
+def main() -> None:
+    method, when = sys.argv[1], sys.argv[2]
+    fifo = os.path.join(sys.argv[3], "started")
+    # Start multiprocessing's helpers (they live on by design) before the snapshot.
+    assert [int(b) for b in DataLoader([0, 1], num_workers=1, multiprocessing_context=method)] == [
+        0,
+        1,
+    ]
+    gc.collect()
+    before_fds = open_fds()
+    before_procs = {p.pid for p in descendants()}
+    if when == "spawning":
+        interrupt_when_spawned()
+        init = None
+    else:
+        interrupt_when_starting(fifo)
+        init = Gate(fifo)
+    loader = DataLoader(
+        list(range(8)), num_workers=2, multiprocessing_context=method, worker_init_fn=init
+    )
+    caught = 0
+    kept: BaseException | None = None
+    try:
+        iter(loader)
+    except KeyboardInterrupt as exc:
+        caught += 1
+        kept = exc  # a notebook keeps it: sys.last_value, with its traceback
+    gc.collect()
+    alive = [" ".join(p.cmdline())[:120] for p in descendants() if p.pid not in before_procs]
+    after = open_fds()
+    new_fds = sorted(
+        f"{fd} -> {target}" for fd, target in after.items() if before_fds.get(fd) != target
+    )
+    frames = 0
+    tb = kept.__traceback__ if kept is not None else None
+    while tb is not None:  # the kept traceback really is there, frames and all
+        frames += 1
+        tb = tb.tb_next
+    print(
+        json.dumps({"caught": caught, "frames": frames > 0, "alive": alive, "fds": new_fds}),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
