@@ -180,12 +180,15 @@ def run_loader(
 
 
 def _batch_len(batch: Any, batch_size: int | None) -> int:
-    """Samples in a batch: the leading size of its first array, else ``batch_size``."""
+    """Samples in a batch: the leading size of its first array, else ``batch_size``. A
+    batch of zero rows (a collate_fn that filtered every sample out) still cost its
+    samples' fetches: it counts as ``batch_size``."""
     node = batch
     for _ in range(8):
         shape = getattr(node, "shape", None)
         if shape is not None and hasattr(shape, "__len__"):
-            return int(shape[0]) if len(shape) else 1
+            rows = int(shape[0]) if len(shape) else 1
+            return rows or batch_size or 1
         if isinstance(node, Mapping) and node:
             node = next(iter(node.values()))
         elif isinstance(node, (list, tuple)) and node:
