@@ -140,6 +140,9 @@ class FakePool:
     def discard(self, origin: Any, payload: Any) -> None:
         self.discarded += 1
 
+    def batches_alive(self, origin: Any) -> int:
+        return 0  # batches travel inline: no slot is held
+
     def replace(self, worker_id: int) -> None:
         self.replaced.append(worker_id)
         self.workers[worker_id] = self._make(self.specs[worker_id])

@@ -85,6 +85,7 @@ class Pool(Protocol):
     def wait(self, timeout: float | None) -> list[PoolEvent]: ...
     def status(self, worker_id: int) -> WorkerStatus: ...
     def decode(self, origin: Any, payload: Payload) -> Any: ...
+    def batches_alive(self, origin: Any) -> int: ...
     def discard(self, origin: Any, payload: Payload | None) -> None: ...
     def replace(self, worker_id: int) -> None: ...
     def seed_pipes(self, seed: int) -> None: ...
@@ -459,7 +460,7 @@ class MultiprocessIterator:
 
     def _decode(self, entry: Entry, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload) and payload.slots_exhausted:
-            self._warn_slots_exhausted(entry.worker_id, payload.held_in_worker)
+            self._on_slots_exhausted(entry, payload.held_in_worker)
         try:
             batch = self._pool.decode(entry.origin, payload)
         except Exception as exc:
@@ -646,6 +647,20 @@ class MultiprocessIterator:
         )
         error.__cause__ = exc
         return attach_worker_context(error, context)
+
+    def _on_slots_exhausted(self, entry: Entry, held_in_worker: int) -> None:
+        """A worker found every slot in use and sent a batch through the pipe: say why,
+        when it is something the user can change.
+
+        Slots are also in use by batches that arrived and wait to be handed out: a
+        worker running ahead (or batches that keep growing) can use them all without
+        the loop keeping anything. Then the user is told nothing, and the run-ahead is
+        withdrawn (it filled the slots; the next batch size decides it again)."""
+        held_by_loop = self._pool.batches_alive(entry.origin)
+        if not held_in_worker and held_by_loop < SLOTS_BEYOND_PREFETCH:
+            self._book.allow_run_ahead(0)
+            return
+        self._warn_slots_exhausted(entry.worker_id, held_in_worker)
 
     def _warn_slots_exhausted(self, worker_id: int, held_in_worker: int) -> None:
         if self._warned_inline:

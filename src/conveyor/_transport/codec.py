@@ -375,6 +375,11 @@ class Decoder:
         # (half the cost: no pickle machinery, no reconstructor calls).
         self._plans: dict[bytes, _Plan | None] = {}
 
+    @property
+    def batches_alive(self) -> int:
+        """Decoded batches over slots whose arrays are still alive."""
+        return len(self._watch)
+
     def _on_release(self, slot_id: int) -> None:
         self._watch.pop(slot_id, None)
         self.arena.forget(slot_id)

@@ -35,9 +35,10 @@ class Outbox:
         """
         data = memoryview(wire.encode(message))
         if self._queue:
-            # The pipe was full: the pool writes when the selector says it has room
-            # (trying now would mostly fail: a wasted system call per task).
+            # Written as soon as the pipe has room (a worker short of slots reads ahead
+            # for the releases a task carries: they must not wait here).
             self._queue.append(data)
+            self.flush()
             return
         try:
             written = os.write(self.fd, data)

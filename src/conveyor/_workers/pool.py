@@ -324,6 +324,11 @@ class WorkerPool:
         worker: _Worker = origin
         return worker.decoder.decode(payload)
 
+    def batches_alive(self, origin: Any) -> int:
+        """Batches of this worker's shared memory handed out and not yet garbage."""
+        worker: _Worker = origin
+        return worker.decoder.batches_alive
+
     def discard(self, origin: Any, payload: Payload | None) -> None:
         """Give a payload's slot back without decoding it."""
         if payload is not None:
