@@ -5,9 +5,12 @@ Timings are never asserted; only that the runs happen and produce sane, positive
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +23,17 @@ from conveyor.benchmark import (
     Measurement,
     Row,
     render,
+    runner,
     workloads,
 )
-from conveyor.benchmark.measure import PlainLoop, WindowSpec, measure_throughput, touch
+from conveyor.benchmark.measure import (
+    PlainLoop,
+    WindowSpec,
+    measure_epochs,
+    measure_throughput,
+    touch,
+)
+from conveyor.benchmark.plot import MatplotlibMissingError, plot_report
 from conveyor.benchmark.report import to_json
 from conveyor.benchmark.workloads import (
     CpuDataset,
@@ -105,12 +116,21 @@ def test_workloads_match_the_documented_settings() -> None:
         "cpu": (32, 2, False),
         "latency": (16, 8, False),
         "startup": (32, 2, False),
+        "epochs": (256, 2, False),
     }
-    assert WORKLOADS["startup"].start_method == "spawn"
+    assert WORKLOADS["startup"].start_methods == ("spawn",)
+    assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
+    assert WORKLOADS["epochs"].fixed_length == 10 * 256  # 10 batches an epoch
     assert WORKLOADS["latency"].ideal_samples_per_s == pytest.approx(1600)
 
 
 # --- measurement and report ------------------------------------------------------------------
+
+
+def test_quick_window_of_epochs_runs_at_least_one_within_its_seconds() -> None:
+    assert WORKLOADS["epochs"].window(quick=True, seconds=3.0) == WindowSpec(0, 1, 3, 0.2)
+    assert WORKLOADS["epochs"].window(quick=False, seconds=3.0) == WindowSpec(1, 2, 500, 3.0)
+    assert WORKLOADS["tiny"].window(quick=True, seconds=3.0) == WindowSpec(10, 40, 40, 0.0)
 
 
 def test_measure_counts_the_timed_batches_only() -> None:
@@ -119,6 +139,28 @@ def test_measure_counts_the_timed_batches_only() -> None:
     assert (result.batches, result.samples) == (3, 12)
     assert result.samples_per_s > 0 and result.leaked_processes == 0
     assert result.peak_rss_bytes is not None and result.peak_rss_bytes > 0
+
+
+class _Epochs:
+    """A loader stand-in: each ``iter()`` is an epoch of ``batches`` plain batches."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+        self.epochs_started = 0
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        self.epochs_started += 1
+        for _ in range(self.batches):
+            yield np.zeros((4, 2)), np.arange(4)
+
+
+def test_measure_epochs_times_whole_epochs_after_the_warmup() -> None:
+    loader = _Epochs(batches=3)
+    result = measure_epochs(lambda: loader, WindowSpec(1, 2, 2, seconds=0.0))
+    assert loader.epochs_started == 3  # one warm-up epoch, then two timed
+    assert (result.epochs, result.batches, result.samples) == (2, 6, 24)
+    assert result.seconds_per_epoch == pytest.approx(result.seconds / 2)
+    assert result.peak_rss_bytes is not None and result.leaked_processes == 0
 
 
 def test_touch_returns_the_batch_length() -> None:
@@ -134,8 +176,8 @@ def test_bad_options_are_rejected(kwargs: dict[str, object]) -> None:
         BenchOptions(**kwargs)  # type: ignore[arg-type]
 
 
-def _fake(seconds: float, samples: int = 100) -> Measurement:
-    return Measurement(10, samples, seconds, 0.01, 2**20, 0)
+def _fake(seconds: float, samples: int = 100, epochs: int = 0) -> Measurement:
+    return Measurement(10, samples, seconds, 0.01, 2**20, 0, epochs=epochs)
 
 
 def test_report_renders_rows_ratios_and_failures() -> None:
@@ -151,6 +193,77 @@ def test_report_renders_rows_ratios_and_failures() -> None:
     assert "| startup | spawn | 1.00 s | 3.00 s | 3.00x |" in text
     assert "| cpu | 2 workers | error | 100 | - |" in text
     assert json.loads(json.dumps(to_json(report)))["rows"][0]["ratio"] == 2.0
+
+
+def test_summary_shows_each_figure_with_its_spread_over_the_rounds() -> None:
+    # conveyor's rounds: 90, 100, 104 samples/s (median 100, farthest 10% off); torch's
+    # epochs: 0.2 s, 0.25 s, 0.3 s for two epochs each (median 125 ms an epoch, 20% off).
+    conveyor = [_fake(100 / v) for v in (90, 100, 104)]
+    epochs = [_fake(s, epochs=2) for s in (0.2, 0.25, 0.3)]
+    rows = [
+        Row("tiny", "2 workers", "throughput", {"conveyor": conveyor}),
+        Row("epochs", "fork", "epochs", {"conveyor": epochs[:1], "torch": epochs}),
+    ]
+    text = render(BenchReport({"cores": "2"}, BenchOptions(repeat=3), rows))
+    assert "| tiny | 2 workers | 100 ±10% | - | - |" in text
+    assert "| epochs | fork | 100 ms | 125 ms ±20% | 1.25x |" in text  # torch / conveyor
+    assert "3 alternating rounds, median shown, ±: the farthest round from it" in text
+    saved = to_json(BenchReport({}, BenchOptions(repeat=3), rows))["rows"]
+    assert saved[0]["results"]["conveyor"]["spread"] == pytest.approx(0.10)
+    assert saved[1]["results"]["torch"]["unit"] == "seconds per epoch"
+
+
+def _plot_report() -> BenchReport:
+    """A report as a run of every kind of row would give, with made-up numbers."""
+    rounds = {"conveyor": [_fake(1.0), _fake(1.1)], "torch": [_fake(2.0), _fake(2.4)]}
+    rows = [
+        Row("tiny", "2 workers, persistent", "throughput", rounds),
+        Row("tiny", runner.INLINE_CONFIG, "throughput", {"conveyor": [_fake(1.5)]}),
+        Row("tiny", "reference loop", "reference", {"reference": [_fake(0.8)]}),
+        Row("latency", "8 workers", "throughput", {"conveyor": [_fake(50.0)]}, {"torch": "X"}),
+        Row("startup", "2 workers, spawn", "startup", rounds),
+        Row("epochs", "2 workers, fork", "epochs", {"conveyor": [_fake(0.3, epochs=10)]}),
+    ]
+    return BenchReport({"cores": "2 logical"}, BenchOptions(repeat=2), rows)
+
+
+def test_plot_draws_a_png_or_says_how_to_get_matplotlib(tmp_path: Path) -> None:
+    target = tmp_path / "bench.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        with pytest.raises(MatplotlibMissingError, match="pip install matplotlib"):
+            plot_report(_plot_report(), target)
+        assert not target.exists()
+        return
+    assert plot_report(_plot_report(), target) == target
+    assert target.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_plot_without_matplotlib_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(MatplotlibMissingError, match="pip install matplotlib"):
+        plot_report(_plot_report(), tmp_path / "bench.png")
+
+
+def test_cli_plot_without_matplotlib_fails_before_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    ran: list[BenchOptions] = []
+    monkeypatch.setattr("conveyor.benchmark.command.run_benchmark", ran.append)
+    assert main(["bench", "--quick", "--plot", str(tmp_path / "bench.png")]) == 2
+    assert ran == []
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_plot_of_a_report_with_no_figure_is_refused(tmp_path: Path) -> None:
+    failed = Row("tiny", "2 workers", "throughput", errors={"conveyor": "Boom: x"})
+    report = BenchReport({}, BenchOptions(), [failed])
+    with pytest.raises(ValueError, match="no figure to plot"):
+        plot_report(report, tmp_path / "bench.png")
 
 
 def test_cli_rejects_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,7 +286,9 @@ def _table_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
 
 
 def _number(cell: str) -> float:
-    return float(cell.replace(",", "").removesuffix("x").removesuffix(" s"))
+    """A cell's figure: '1,234', '1,234 ±3%', '0.51 s', '24 ms' or '1.20x'."""
+    figure = cell.split(" ±")[0].replace(",", "").removesuffix("x")
+    return float(figure.removesuffix(" s").removesuffix(" ms"))
 
 
 FEATURES_CONFIG = "2 workers, persistent, reseed='batch', on_error='skip', snapshot every step"
@@ -184,6 +299,10 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "conveyor.cli", "bench", "--quick"]
     command += ["--workloads", "tiny,latency", "--json", str(out)]
+    plot = tmp_path / "bench.png"
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    if has_matplotlib:  # without it --plot fails before the run (tested above)
+        command += ["--plot", str(plot)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     rows = _table_rows(done.stdout)
@@ -211,6 +330,27 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())
     assert {row["workload"] for row in saved["rows"]} == {"tiny", "latency"}
     assert saved["environment"]["conveyor column"] == "conveyor.DataLoader"
+    if has_matplotlib:
+        assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_epochs_row_times_short_epochs_of_both_loaders(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    # Under fork only: a spawned torch worker imports torch, seconds an epoch.
+    only_fork = dataclasses.replace(WORKLOADS["epochs"], start_methods=("fork",))
+    monkeypatch.setitem(WORKLOADS, "epochs", only_fork)
+    options = BenchOptions(workloads=("epochs",), quick=True, repeat=2)
+    [row] = runner.run_benchmark(options, progress=None).rows
+    assert (row.kind, row.config) == ("epochs", "2 workers, fork, 10 batches an epoch")
+    assert row.errors == {}
+    for loader in ("conveyor", "torch"):
+        runs = row.runs[loader]
+        assert len(runs) == 2  # one a round
+        assert all(m.epochs >= 1 and m.batches == 10 * m.epochs for m in runs)
+        assert all(m.samples == 2560 * m.epochs and m.leaked_processes == 0 for m in runs)
+    ratio = row.ratio()
+    assert ratio is not None and ratio > 0
+    assert "start-up included" in row.notes[0]
 
 
 def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() -> None:

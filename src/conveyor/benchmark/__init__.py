@@ -4,6 +4,7 @@ Run it with ``conveyor bench`` or ``python benchmarks/run.py``; see ``benchmarks
 """
 
 from conveyor.benchmark.measure import Measurement
+from conveyor.benchmark.plot import MatplotlibMissingError, plot_report
 from conveyor.benchmark.report import render, to_json
 from conveyor.benchmark.runner import BenchOptions, BenchReport, Row, run_benchmark
 from conveyor.benchmark.workloads import WORKLOADS, WorkloadSpec
@@ -12,9 +13,11 @@ __all__ = [
     "WORKLOADS",
     "BenchOptions",
     "BenchReport",
+    "MatplotlibMissingError",
     "Measurement",
     "Row",
     "WorkloadSpec",
+    "plot_report",
     "render",
     "run_benchmark",
     "to_json",

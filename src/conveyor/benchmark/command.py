@@ -7,11 +7,14 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 
+from conveyor.benchmark.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor.benchmark.report import render, write_json
 from conveyor.benchmark.runner import BenchOptions, run_benchmark
 from conveyor.benchmark.workloads import WORKLOADS
 
 from .._argtypes import positive_int
+
+DEFAULT_ROUNDS = 3
 
 
 def _workload_list(text: str) -> tuple[str, ...]:
@@ -49,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="few batches per run: a smoke test, not a measurement"
+        "--quick",
+        action="store_true",
+        help="few batches per run and 1 round: a smoke test, not a measurement",
     )
     parser.add_argument(
         "--seconds",
@@ -59,16 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="length of each timed window (default: 3); ignored with --quick",
     )
     parser.add_argument(
-        "--repeat", type=positive_int, default=1, metavar="K", help="runs per loader; median shown"
+        "--repeat",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="alternating rounds, every loader once in each; median and spread shown "
+        f"(default: {DEFAULT_ROUNDS}, with --quick 1)",
     )
     parser.add_argument(
         "--start-method",
         choices=multiprocessing.get_all_start_methods(),
         default=None,
         help="multiprocessing_context for the worker rows (default: each loader's own); "
-        "the startup workload always uses spawn",
+        "startup always uses spawn, epochs has a row for fork and one for spawn",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="also save raw results here")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        default=None,
+        help="also draw a bar chart of the results (.png, .svg or .pdf; needs matplotlib)",
+    )
     parser.add_argument(
         "--stand-in-torch",
         action="store_true",
@@ -78,10 +94,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark for parsed ``args``; print the Markdown report to stdout."""
+    if args.plot:
+        try:  # before the run, not after minutes of it
+            require_matplotlib()
+        except MatplotlibMissingError as exc:
+            print(f"conveyor bench: {exc}", file=sys.stderr)
+            return 2
+    repeat = args.repeat or (1 if args.quick else DEFAULT_ROUNDS)
     options = BenchOptions(
         workloads=args.workloads,
         quick=args.quick,
-        repeat=args.repeat,
+        repeat=repeat,
         start_method=args.start_method,
         stand_in_torch=args.stand_in_torch,
         seconds=args.seconds,
@@ -95,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(report, args.json)
         print(f"\nraw results saved to {args.json}", file=sys.stderr)
+    if args.plot:
+        try:
+            plot_report(report, args.plot)
+        except (ValueError, OSError) as exc:
+            print(f"conveyor bench: no plot: {exc}", file=sys.stderr)
+            return 1
+        print(f"plot saved to {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Measuring one loader run: throughput over a timed window, or time to first batch.
+"""Measuring one loader run: throughput over a timed window, time to first batch, or the
+time an epoch takes when every epoch starts its workers anew.
 
 Both kinds of run record main-process CPU time, the peak of the summed RSS of the main
 process and its descendants (sampled a few times, so approximate), and how many worker
@@ -25,7 +26,7 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
-from conveyor.benchmark.workloads import MapDataset, hand_collate
+from conveyor.benchmark.workloads import MapDataset, WindowSpec, hand_collate
 
 LoaderFactory = Callable[[], Iterable[Any]]
 
@@ -37,7 +38,8 @@ _MEMORY_SAMPLES = 4
 
 @dataclass(frozen=True)
 class Measurement:
-    """One run. ``seconds`` is the timed window, or the time to first batch for startup."""
+    """One run. ``seconds`` is the timed window (for epochs: all ``epochs`` of it), or the
+    time to first batch for startup."""
 
     batches: int
     samples: int
@@ -46,6 +48,11 @@ class Measurement:
     peak_rss_bytes: int | None
     leaked_processes: int
     main_page_faults: int | None = None  # minor faults of the main process in the window
+    epochs: int = 0  # timed epochs, for the epochs kind of run
+
+    @property
+    def seconds_per_epoch(self) -> float | None:
+        return self.seconds / self.epochs if self.epochs else None
 
     @property
     def samples_per_s(self) -> float:
@@ -133,17 +140,6 @@ def _count_leftovers(before: set[int]) -> int:
     return len(alive)
 
 
-@dataclass(frozen=True)
-class WindowSpec:
-    """A timed window: after ``warmup`` batches, run until ``min_batches`` are timed and
-    ``seconds`` have passed, stopping at ``max_batches`` in any case."""
-
-    warmup: int
-    min_batches: int
-    max_batches: int
-    seconds: float
-
-
 def _minor_faults() -> int | None:
     """The main process's minor page faults so far (None where ``resource`` is missing)."""
     if resource is None:
@@ -187,6 +183,43 @@ def _time_first_batch(make_loader: LoaderFactory) -> Measurement:
     seconds = time.perf_counter() - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     return Measurement(1, samples, seconds, cpu, _tree_rss(), 0, faults)
+
+
+def _time_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
+    # One loader, iterated epoch after epoch as a training loop does; each epoch is timed
+    # from iter() (where non-persistent workers start) to the end of its last batch.
+    loader = make_loader()
+    for _ in range(window.warmup):
+        for batch in loader:
+            touch(batch)
+    peak: int | None = None
+    paused = 0.0  # time spent sampling memory, left out of the window
+    epochs = samples = batches = 0
+    faults0, cpu0 = _minor_faults(), time.process_time()
+    t0 = now = time.perf_counter()
+    while epochs < window.max_batches and (
+        epochs < window.min_batches or now - t0 - paused < window.seconds
+    ):
+        for batch in loader:
+            samples += touch(batch)
+            batches += 1
+            if peak is None:  # once, while the first timed epoch's workers are alive
+                sampled = time.perf_counter()
+                peak = _tree_rss()
+                paused += time.perf_counter() - sampled
+        epochs += 1
+        now = time.perf_counter()
+    seconds = now - t0 - paused
+    cpu, faults = time.process_time() - cpu0, _delta(faults0)
+    return Measurement(batches, samples, seconds, cpu, peak, 0, faults, epochs)
+
+
+def measure_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
+    """Time whole epochs of one loader (after ``window.warmup`` untimed ones), counting
+    epochs where ``window`` says batches; then drop the loader."""
+    before = _children()
+    result = _time_epochs(make_loader, window)
+    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 
 def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:

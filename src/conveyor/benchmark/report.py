@@ -12,6 +12,7 @@ from typing import Any
 from conveyor.benchmark.runner import LOADERS, PLAIN, REFERENCE, BenchReport, Row
 
 DASH = "-"
+UNITS = {"startup": "seconds", "epochs": "seconds per epoch"}
 SUMMARY_HEADER = ("workload", "config", "conveyor samples/s", "torch samples/s", "ratio", "notes")
 DETAILS_HEADER = (
     "workload",
@@ -37,7 +38,18 @@ def _table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
 def _value(row: Row, value: float | None) -> str:
     if value is None:
         return DASH
-    return f"{value:.2f} s" if row.kind == "startup" else f"{value:,.0f}"
+    if row.kind == "startup":
+        return f"{value:.2f} s"
+    if row.kind == "epochs":
+        return f"{1000 * value:,.0f} ms"
+    return f"{value:,.0f}"
+
+
+def with_spread(row: Row, loader: str) -> str:
+    """The median and, over two rounds or more, how far the farthest round is from it."""
+    median = _value(row, row.median(loader))
+    spread = row.spread(loader)
+    return median if spread is None else f"{median} ±{spread:.0%}"
 
 
 def _cell(row: Row, loader: str) -> str:
@@ -45,7 +57,7 @@ def _cell(row: Row, loader: str) -> str:
         return DASH
     if loader in row.errors:
         return "error"
-    return _value(row, row.median(loader))
+    return with_spread(row, loader)
 
 
 def summary_table(report: BenchReport) -> str:
@@ -72,7 +84,7 @@ def details_table(report: BenchReport) -> str:
             runs = row.runs.get(loader)
             if not runs:
                 continue
-            values = [m.seconds if row.kind == "startup" else m.samples_per_s for m in runs]
+            values = row.values(loader)
             rss = [m.peak_rss_bytes for m in runs if m.peak_rss_bytes is not None]
             cpu = statistics.median(m.main_cpu_ms_per_batch for m in runs)
             faults = [f for m in runs if (f := m.main_faults_per_batch) is not None]
@@ -96,8 +108,13 @@ def render(report: BenchReport) -> str:
     """The whole report as Markdown: environment header, summary, details, how to read it."""
     options = report.options
     header = [f"- {key}: {value}" for key, value in report.environment.items()]
+    rounds = (
+        f"{options.repeat} alternating rounds, median shown, ±: the farthest round from it"
+        if options.repeat > 1
+        else "1 round (no spread: use --repeat 3 or more to see one)"
+    )
     header.append(
-        f"- runs: repeat={options.repeat} (median shown), quick={options.quick}, "
+        f"- runs: {rounds}; quick={options.quick}, "
         f"start method={options.start_method or 'loader default'}"
     )
     return "\n\n".join(
@@ -106,7 +123,8 @@ def render(report: BenchReport) -> str:
             "\n".join(header),
             summary_table(report),
             "ratio: conveyor's speedup over torch (samples/s conveyor / torch; for startup "
-            "torch seconds / conveyor seconds). Above 1 means conveyor is faster.",
+            "and epochs torch seconds / conveyor seconds). Above 1 means conveyor is faster. "
+            "±x%: every round was within x% of the median shown.",
             "## Details",
             details_table(report),
             "main CPU: the main process's CPU time per timed batch (all its threads). "
@@ -123,7 +141,8 @@ def to_json(report: BenchReport) -> dict[str, Any]:
         results = {
             loader: {
                 "median": row.median(loader),
-                "unit": "seconds" if row.kind == "startup" else "samples/s",
+                "unit": UNITS.get(row.kind, "samples/s"),
+                "spread": row.spread(loader),
                 "runs": [
                     {
                         **dataclasses.asdict(m),

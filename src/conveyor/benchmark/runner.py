@@ -1,8 +1,9 @@
 """Run the workloads with conveyor and torch side by side and collect the results.
 
-Each table row is one loader configuration; each repeat runs every loader once, alternating
-which goes first, so slow drift on a noisy machine hits both alike. A failing loader is
-recorded on its row and the benchmark goes on.
+Each table row is one loader configuration; each repeat (a round) runs every loader once,
+alternating which goes first, so slow drift on a noisy machine hits both alike. A figure is
+the median over the rounds, shown with its spread. A failing loader is recorded on its row
+and the benchmark goes on.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from conveyor.benchmark.measure import (
     LoaderFactory,
     Measurement,
     PlainLoop,
-    WindowSpec,
     cpu_count_line,
+    measure_epochs,
     measure_startup,
     measure_throughput,
     parallel_speedup,
@@ -43,9 +44,11 @@ from conveyor.benchmark.workloads import (
 LOADERS = ("conveyor", "torch")
 PLAIN = "plain"
 REFERENCE = "reference"
+INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
 
-RowKind = Literal["throughput", "startup", "baseline", "reference", "features"]
+RowKind = Literal["throughput", "startup", "epochs", "baseline", "reference", "features"]
+TIMED_KINDS = ("startup", "epochs")  # rows whose figure is seconds: lower is better
 # conveyor's per-batch features, all on: what they cost is the gap to the workers row.
 FEATURES: dict[str, Any] = {"reseed": "batch", "snapshot_every_n_steps": 1, "on_error": "skip"}
 LoaderClass = Callable[..., Iterable[Any]]
@@ -58,7 +61,7 @@ class BenchOptions:
 
     workloads: tuple[str, ...] = tuple(WORKLOADS)
     quick: bool = False
-    repeat: int = 1
+    repeat: int = 3
     start_method: str | None = None
     stand_in_torch: bool = False
     seconds: float = 3.0
@@ -91,21 +94,42 @@ class Row:
     errors: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def median(self, loader: str) -> float | None:
-        """Median samples/s, or median seconds to first batch for a startup row."""
-        runs = self.runs.get(loader)
-        if not runs or loader in self.errors:
-            return None
+    @property
+    def timed(self) -> bool:
+        """Whether the figure is seconds (lower is better) rather than samples/s."""
+        return self.kind in TIMED_KINDS
+
+    def values(self, loader: str) -> list[float]:
+        """One figure per round: samples/s, seconds to first batch (startup) or seconds
+        per epoch (epochs)."""
+        runs = self.runs.get(loader, [])
         if self.kind == "startup":
-            return statistics.median(m.seconds for m in runs)
-        return statistics.median(m.samples_per_s for m in runs)
+            return [m.seconds for m in runs]
+        if self.kind == "epochs":
+            return [m.seconds_per_epoch or 0.0 for m in runs]
+        return [m.samples_per_s for m in runs]
+
+    def median(self, loader: str) -> float | None:
+        """The median over the rounds of ``values(loader)``; None if it failed or never ran."""
+        values = self.values(loader)
+        if not values or loader in self.errors:
+            return None
+        return statistics.median(values)
+
+    def spread(self, loader: str) -> float | None:
+        """How far the farthest round is from the median, as a share of it (0.03: every
+        round within 3%); None with fewer than two rounds."""
+        values, median = self.values(loader), self.median(loader)
+        if len(values) < 2 or not median:
+            return None
+        return max(abs(v - median) for v in values) / median
 
     def ratio(self) -> float | None:
         """conveyor's speedup over torch (higher is better for conveyor)."""
         mine, theirs = self.median("conveyor"), self.median("torch")
         if mine is None or theirs is None or mine <= 0 or theirs <= 0:
             return None
-        return theirs / mine if self.kind == "startup" else mine / theirs
+        return theirs / mine if self.timed else mine / theirs
 
 
 @dataclass
@@ -197,6 +221,14 @@ def _config_label(spec: WorkloadSpec, method: str | None) -> str:
     return ", ".join(parts)
 
 
+def _row_methods(spec: WorkloadSpec, options: BenchOptions) -> list[str | None]:
+    """The start method of each of the workload's rows (None: the loader's default)."""
+    if not spec.start_methods:
+        return [options.start_method]
+    available = multiprocessing.get_all_start_methods()
+    return [method for method in spec.start_methods if method in available]
+
+
 class _Progress:
     def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
@@ -219,7 +251,6 @@ def _run_row(
         for name in names[shift:] + names[:shift]:
             if name in row.errors:
                 continue
-            gc.collect()
             try:
                 result = measure(factories[name])
             except Exception as exc:  # a loader's failure goes on its row, not up the stack
@@ -227,12 +258,20 @@ def _run_row(
                 progress(f"  {row.workload} | {row.config} | {name}: FAILED {row.errors[name]}")
                 continue
             row.runs.setdefault(name, []).append(result)
-            value = (
-                f"{result.seconds:.2f} s to first batch"
-                if row.kind == "startup"
-                else f"{result.samples_per_s:,.0f} samples/s"
-            )
+            if row.kind == "startup":
+                value = f"{result.seconds:.2f} s to first batch"
+            elif row.kind == "epochs":
+                value = f"{1000 * (result.seconds_per_epoch or 0):,.0f} ms an epoch"
+            else:
+                value = f"{result.samples_per_s:,.0f} samples/s"
             progress(f"  {row.workload} | {row.config} | {name} #{attempt + 1}: {value}")
+
+
+def _rate(row: Row, loader: str) -> str:
+    """A row's median samples/s for a note, with its spread over the rounds if any."""
+    spread = row.spread(loader)
+    text = f"{row.median(loader) or 0:,.0f} samples/s"
+    return text if spread is None else f"{text} ±{spread:.0%}"
 
 
 def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> None:
@@ -240,7 +279,7 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
     base = plain.median(PLAIN) if plain else None
     reference_row = next((r for r in rows if r.kind == "reference"), None)
     reference = reference_row.median(REFERENCE) if reference_row else None
-    inline = next((r for r in rows if r.config == "num_workers=0"), None)
+    inline = next((r for r in rows if r.config == INLINE_CONFIG), None)
     workers = next((r for r in rows if r.kind == "throughput" and r is not inline), None)
     for row in rows:
         plain_workers = workers.median("conveyor") if workers else None
@@ -261,11 +300,11 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
             row.notes.append(f"vs its num_workers=0: {', '.join(shares)}")
         if row.kind == "reference" and reference:
             row.notes.append(
-                f"{reference:,.0f} samples/s; the design's limit here: workers write samples "
+                f"{_rate(row, REFERENCE)}; the design's limit here: workers write samples "
                 "into shared memory, views to the consumer, nothing else"
             )
         if row.kind == "baseline" and base:
-            row.notes.append(f"{base:,.0f} samples/s; no loader: index + collate by hand (NumPy)")
+            row.notes.append(f"{_rate(row, PLAIN)}; no loader: index + collate by hand (NumPy)")
             if scaling:
                 row.notes.append(
                     f"machine check: {spec.num_workers} bare processes of this work ran "
@@ -273,6 +312,11 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
                 )
         elif row.kind == "startup":
             row.notes.append("time to first batch, lower is better; ratio = torch / conveyor")
+        elif row.kind == "epochs":
+            row.notes.append(
+                "time an epoch takes, its workers' start-up included, lower is better; "
+                "ratio = torch / conveyor"
+            )
         elif base and row.kind == "throughput":
             if spec.target_speedup:
                 shares = [f"{n} {v / base:.2f}x" for n in LOADERS if (v := row.median(n))]
@@ -295,18 +339,17 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
 def _run_workload(
     spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
 ) -> list[Row]:
-    method = spec.start_method or options.start_method
-    if options.quick:
-        window = WindowSpec(spec.warmup, spec.quick_batches, spec.quick_batches, 0.0)
-    else:
-        window = WindowSpec(spec.warmup, spec.min_batches, spec.max_batches, options.seconds)
+    methods = _row_methods(spec, options)
+    method = methods[0] if methods else None
+    window = spec.window(options.quick, options.seconds)
     length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
     dataset = spec.make_dataset(length, options.quick)
     progress(f"[{spec.name}] dataset of {len(dataset):,} samples")
+    gc.collect()  # what came before is gone; each run collects its own loader after it
     rows: list[Row] = []
 
     def loader_row(
-        config: str, kind: RowKind, workers: int
+        config: str, kind: RowKind, workers: int, method: str | None = method
     ) -> tuple[Row, dict[str, LoaderFactory]]:
         factories = {
             name: _loader_factory(loaders.classes[name], dataset, spec, workers, method)
@@ -318,15 +361,26 @@ def _run_workload(
     def throughput(factory: LoaderFactory) -> Measurement:
         return measure_throughput(factory, window)
 
+    def epochs(factory: LoaderFactory) -> Measurement:
+        return measure_epochs(factory, window)
+
     if spec.kind == "startup":
-        config = f"{_config_label(spec, method)}, {len(dataset):,} paths"
-        row, factories = loader_row(config, "startup", spec.num_workers)
-        _run_row(row, factories, measure_startup, options.repeat, progress)
-        rows.append(row)
+        for row_method in methods:
+            config = f"{_config_label(spec, row_method)}, {len(dataset):,} paths"
+            row, factories = loader_row(config, "startup", spec.num_workers, row_method)
+            _run_row(row, factories, measure_startup, options.repeat, progress)
+            rows.append(row)
+    elif spec.kind == "epochs":
+        batches = len(dataset) // spec.batch_size
+        for row_method in methods:
+            config = f"{_config_label(spec, row_method)}, {batches} batches an epoch"
+            row, factories = loader_row(config, "epochs", spec.num_workers, row_method)
+            _run_row(row, factories, epochs, options.repeat, progress)
+            rows.append(row)
     else:
         plan = [(_config_label(spec, method), spec.num_workers)]
         if spec.inline_rows:
-            plan.append(("num_workers=0", 0))
+            plan.append((INLINE_CONFIG, 0))
         for config, workers in plan:
             row, factories = loader_row(config, "throughput", workers)
             _run_row(row, factories, throughput, options.repeat, progress)

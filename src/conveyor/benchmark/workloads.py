@@ -153,7 +153,19 @@ def hand_collate(samples: Sequence[tuple[Any, int]]) -> tuple[Any, Array]:
     return values, labels
 
 
-Kind = Literal["throughput", "startup"]
+Kind = Literal["throughput", "startup", "epochs"]
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A timed window: after ``warmup`` batches, run until ``min_batches`` are timed and
+    ``seconds`` have passed, stopping at ``max_batches`` in any case. For the ``epochs`` kind
+    the counts are of epochs."""
+
+    warmup: int
+    min_batches: int
+    max_batches: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,9 @@ class WorkloadSpec:
 
     ``make_dataset(length, quick)`` builds the dataset. A timed window runs until it has
     ``min_batches`` batches and the target seconds have passed, or ``max_batches`` (the
-    dataset's end; sized for >= 3 s on a 2-core machine); ``--quick`` times ``quick_batches``.
+    dataset's end; sized for >= 3 s on a 2-core machine); ``--quick`` times ``quick_batches``
+    after ``quick_warmup`` (default: ``warmup``), or, with ``quick_seconds``, as many as fit
+    in that time, at least one. An ``epochs`` workload counts epochs instead of batches.
     """
 
     name: str
@@ -176,6 +190,8 @@ class WorkloadSpec:
     quick_batches: int = 0
     min_batches: int = 10
     warmup: int = 5
+    quick_warmup: int | None = None
+    quick_seconds: float = 0.0
     inline_rows: bool = False  # also num_workers=0 for both loaders
     plain_row: bool = False  # also a plain in-process loop: index + collate by hand
     plain_label: str = "plain loop, no loader (ceiling)"
@@ -183,17 +199,27 @@ class WorkloadSpec:
     features_row: bool = False  # also conveyor with its per-batch features on (runner.FEATURES)
     ideal_samples_per_s: float | None = None
     target_speedup: float | None = None  # goal for the workers row over the plain loop
-    start_method: str | None = None  # fixed start method; None: the one asked for
-    fixed_length: int | None = None  # startup: number of paths (quick: a tenth)
+    # A row per start method, in this order; empty: one row, with the method asked for.
+    start_methods: tuple[str, ...] = ()
+    fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
 
     def __post_init__(self) -> None:
-        if self.kind == "throughput" and not 1 <= self.min_batches <= self.max_batches:
+        timed = self.kind in ("throughput", "epochs")
+        if timed and not 1 <= self.min_batches <= self.max_batches:
             raise ValueError(
                 f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
                 f"<= max_batches ({self.max_batches})"
             )
-        if self.kind == "throughput" and self.quick_batches < 1:
+        if timed and self.quick_batches < 1:
             raise ValueError(f"workload {self.name!r}: quick_batches must be >= 1")
+
+    def window(self, quick: bool, seconds: float) -> WindowSpec:
+        """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
+        if not quick:
+            return WindowSpec(self.warmup, self.min_batches, self.max_batches, seconds)
+        warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
+        least = 1 if self.quick_seconds else self.quick_batches
+        return WindowSpec(warmup, least, self.quick_batches, self.quick_seconds)
 
 
 _CPU_ITERATIONS: list[int] = []
@@ -272,13 +298,30 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             name="startup",
-            summary="time to first batch, spawn, dataset holds a list of 1M path strings",
+            summary="time to first batch, spawn, a list of 1M path strings (--quick: 100k)",
             kind="startup",
             make_dataset=_paths_dataset,
             batch_size=32,
             num_workers=2,
-            start_method="spawn",
+            start_methods=("spawn",),
             fixed_length=1_000_000,
+        ),
+        WorkloadSpec(
+            name="epochs",
+            summary="short epochs of tiny (10 batches), new workers each; fork and spawn",
+            kind="epochs",
+            make_dataset=lambda n, quick: TinyDataset(n),
+            batch_size=256,
+            num_workers=2,
+            persistent_workers=False,
+            warmup=1,
+            min_batches=2,
+            max_batches=500,
+            quick_warmup=0,
+            quick_batches=3,
+            quick_seconds=0.2,
+            start_methods=("fork", "spawn"),
+            fixed_length=10 * 256,
         ),
     )
 }
