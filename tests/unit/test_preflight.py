@@ -562,18 +562,33 @@ def test_walk_sees_slots_partials_and_cursors(sqlite_file: sqlite3.Connection) -
 # --- environment ---------------------------------------------------------------------------
 
 
-def test_low_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(environment, "open_files", lambda: (900, 1024, 65536))
-    [finding] = environment.fd_findings(num_workers=32)
+@pytest.mark.parametrize(
+    ("open_now", "severity"),
+    [
+        (900, Severity.ERROR),  # 900 + 7 x 32 + 1 > 1024: the running workers do not fit
+        (799, Severity.WARNING),  # 799 + 7 x 32 + 1 = 1024 fits, with no margin left
+        (784, None),  # 784 + 7 x 32 + 16 = 1024: fits with the margin
+    ],
+)
+def test_low_open_file_limit(
+    monkeypatch: pytest.MonkeyPatch, open_now: int, severity: Severity | None
+) -> None:
+    monkeypatch.setattr(environment, "open_files", lambda: (open_now, 1024, 65536))
+    findings = environment.fd_findings(num_workers=32)
+    if severity is None:
+        assert findings == []
+        return
+    [finding] = findings
     assert (finding.code, finding.severity, finding.where) == (
         "open-file-limit",
-        Severity.WARNING,
+        severity,
         ENVIRONMENT,
     )
     assert "ulimit -n" in finding.fix and "RLIMIT_NOFILE" in finding.fix
     assert environment.fd_findings(num_workers=4) == []
-    monkeypatch.setattr(environment, "open_files", lambda: (900, 1024, 1024))
-    assert "at most 13 workers" in environment.fd_findings(num_workers=32)[0].fix
+    monkeypatch.setattr(environment, "open_files", lambda: (open_now, 1024, 1024))
+    most = (1024 - open_now - environment.FD_MARGIN) // environment.FDS_PER_WORKER
+    assert f"at most {most} workers" in environment.fd_findings(num_workers=32)[0].fix
 
 
 def test_cpu_quota_below_workers(monkeypatch: pytest.MonkeyPatch) -> None:

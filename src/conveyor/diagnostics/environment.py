@@ -20,6 +20,7 @@ import psutil
 from .findings import ENVIRONMENT, Finding, Severity
 
 __all__ = [
+    "FDS_PER_LOADER",
     "FDS_PER_WORKER",
     "Cpus",
     "available_memory",
@@ -31,8 +32,17 @@ __all__ = [
     "open_files",
 ]
 
-FDS_PER_WORKER = 8  # pipes, the worker's memfd and its stack pipe, held in the main process
-FD_MARGIN = 16  # fork server, resource tracker, the user's own files
+# Descriptors the main process holds per running worker, counted (tests/faults/
+# test_open_file_limit.py checks this against /proc/self/fd under every start method):
+# the task pipe's write end, the result pipe's read end, the stack pipe's read end, the
+# process's sentinel and the parent-death pipe multiprocessing keeps beside it, the
+# worker's memfd, and the duplicate of it that the status page's map holds. Slots are
+# mapped without one, so batches the loop keeps cost none.
+FDS_PER_WORKER = 7
+FDS_PER_LOADER = 1  # the pool's selector
+# Fork server, resource tracker, a worker being started (its pipes' other ends, and
+# spawn's own pipes: up to 8 more for a moment), the user's own files.
+FD_MARGIN = 16
 _CGROUP = Path("/sys/fs/cgroup")
 _PROC_CGROUP = Path("/proc/self/cgroup")
 _UNLIMITED = 1 << 60  # cgroup v1 says "no limit" with a number near 2**63
@@ -190,11 +200,15 @@ def cpu_findings(num_workers: int, *, automatic: bool = False) -> list[Finding]:
 
 
 def fd_findings(num_workers: int) -> list[Finding]:
-    """An open-file limit that the workers' pipes and memory files would exceed."""
+    """An open-file limit that the workers' pipes and memory files would exceed: an
+    ERROR when the running workers alone would not fit (refused before any starts,
+    instead of 'Too many open files' halfway through starting them), a WARNING when
+    they fit without the margin (starting one may then fail, up front too)."""
     now, soft, hard = open_files()
     need = now + FDS_PER_WORKER * num_workers + FD_MARGIN
     if soft == resource.RLIM_INFINITY or need <= soft:
         return []
+    sure = now + FDS_PER_WORKER * num_workers + FDS_PER_LOADER > soft
     if hard == resource.RLIM_INFINITY or need <= hard:
         target = need * 2 if hard == resource.RLIM_INFINITY else min(hard, max(need * 2, 4096))
         fix = (
@@ -203,15 +217,20 @@ def fd_findings(num_workers: int) -> list[Finding]:
         )
     else:
         fix = f"use at most {max(0, (hard - now - FD_MARGIN) // FDS_PER_WORKER)} workers."
+    consequence = (
+        "the workers cannot all start: the last would fail with 'Too many open files'"
+        if sure
+        else "that leaves less than a margin for starting them and for the program's own "
+        "files: past the limit, opening a file fails with 'Too many open files'"
+    )
     return [
         Finding(
             code="open-file-limit",
-            severity=Severity.WARNING,
+            severity=Severity.ERROR if sure else Severity.WARNING,
             where=ENVIRONMENT,
             what=f"The open-file limit ({soft}) is too low for {num_workers} workers",
-            why=f"This process has {now} files open and the workers need about "
-            f"{FDS_PER_WORKER} more each ({need} in all): past the limit, starting a worker "
-            "or opening a file fails with 'Too many open files'.",
+            why=f"This process has {now} files open and each worker needs {FDS_PER_WORKER} "
+            f"more ({need} in all, with a margin): {consequence}.",
             fix=fix,
         )
     ]
