@@ -23,7 +23,6 @@ class Outbox:
         self.fd = fd
         os.set_blocking(fd, False)
         self._queue: deque[memoryview] = deque()
-        self._head_started = False  # the first queued frame is partly written already
 
     @property
     def pending(self) -> bool:
@@ -47,7 +46,6 @@ class Outbox:
             written = 0
         if written < data.nbytes:
             self._queue.append(data[written:])
-            self._head_started = written > 0
 
     def flush(self) -> bool:
         """Write queued bytes until the pipe is full; True when nothing is left."""
@@ -60,20 +58,9 @@ class Outbox:
                 return False
             if written < len(chunk):
                 queue[0] = chunk[written:]
-                self._head_started = True
                 return False
             queue.popleft()
-            self._head_started = False
         return True
 
     def clear(self) -> None:
         self._queue.clear()
-        self._head_started = False
-
-    def drop_unsent(self) -> None:
-        """Forget the messages not yet begun; a frame partly written stays queued (the
-        worker would read what follows as its rest)."""
-        head = self._queue[0] if self._queue and self._head_started else None
-        self._queue.clear()
-        if head is not None:
-            self._queue.append(head)

@@ -37,7 +37,7 @@ def ask_to_stop(workers: Sequence[Stopping], grace: float) -> None:
     deadline = time.monotonic() + grace
     with selectors.DefaultSelector() as selector:
         for worker in workers:
-            worker.outbox.drop_unsent()
+            worker.outbox.clear()
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.outbox.send(Stop())
             if worker.process.exitcode is not None:
