@@ -113,27 +113,3 @@ def test_an_outlier_among_small_batches_run_ahead_stays_in_shared_memory() -> No
         sizes = [int(b.numel()) for b in loader]
         assert sizes[5] == 64 << 20 and sizes.count(1024) == 99
         del loader
-
-
-class Paths:
-    """Sample i: a path string (batches travel through the pipe: no arrays)."""
-
-    def __len__(self) -> int:
-        return 100_000
-
-    def __getitem__(self, index: int) -> str:
-        return f"/data/shard-{index // 1000:04d}/image-{index:08d}.jpg"
-
-
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_a_break_stops_workers_far_ahead_by_asking_them(method: str) -> None:
-    # Run far ahead, a worker's pipes fill both ways: it once blocked writing batches
-    # nobody read, never reached its Stop, and was terminated after the grace period.
-    with no_leaks():
-        loader = DataLoader(Paths(), batch_size=32, num_workers=2, multiprocessing_context=method)
-        batches = iter(loader)
-        assert len(next(batches)) == 32
-        workers = batches._workers
-        del batches  # the break: teardown
-        assert [w.exitcode for w in workers] == [0, 0]  # stopped, not terminated
-        del loader, workers

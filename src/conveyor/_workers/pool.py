@@ -34,10 +34,9 @@ from .fds import InheritedFd
 from .interrupts import interrupts_deferred
 from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
-from .protocol import Ready, Release, SeedPipe, StartupFailed, Task
+from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
 from .status import WorkerStatus, mark_starting, read_status
-from .stopping import Stopping, ask_to_stop
 from .wire import FrameReader
 
 STOP_GRACE_S = 2.0
@@ -403,8 +402,9 @@ class WorkerPool:
             self._teardown()
 
     def _teardown(self) -> None:
-        stopping = [Stopping(w.process, _fd(w.results), w.outbox) for w in self._workers]
-        ask_to_stop(stopping, STOP_GRACE_S)
+        for worker in self._workers:
+            with contextlib.suppress(OSError, ValueError):  # already gone
+                worker.outbox.send(Stop())  # after any queued task; escalation follows
         _escalate([w.process for w in self._workers])
         for worker in self._workers:
             self._unwatch(worker)
@@ -629,16 +629,8 @@ def _start_worker(
     return _Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
 
 
-def _fd(connection: Connection) -> int:
-    """Its descriptor, or -1 once closed."""
-    try:
-        return connection.fileno()
-    except OSError:
-        return -1
-
-
 def _escalate(processes: list[BaseProcess]) -> None:
-    """What ``Stop`` did not end (see stopping.py): SIGTERM, then SIGKILL."""
+    _wait_for_exit(processes, STOP_GRACE_S)
     for p in processes:
         if p.exitcode is None:
             p.terminate()
