@@ -459,3 +459,32 @@ def test_shutdown_workers_stops_a_persistent_loaders_workers_like_torch() -> Non
     assert [(w.is_alive(), w.exitcode) for w in workers] == [(False, 0), (False, 0)]
     loader._iterator = None
     assert [int(b) for b in loader] == list(range(6))
+
+
+class LongPaths:
+    """Sample ``i``: (a 4 KB path string, ``i``). Strings travel in the reply itself, and
+    a batch of them (128 KB) is more than a pipe holds: a worker that sends one while
+    the loop reads nothing blocks in the write."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        return f"/data/{index:07d}/".ljust(4096, "x"), index
+
+
+def test_workers_stop_when_asked_while_blocked_writing_into_a_full_result_pipe(
+    start_method: str, leak_check: leaks.LeakSnapshot
+) -> None:
+    # Teardown used to queue its Stop behind the tasks already sent, and a worker blocked
+    # writing a batch nobody reads never got to it: SIGTERM after 2 s. Now the workers see
+    # the stop before their next task, and what they still send is read and dropped, so
+    # each exits by itself.
+    it = iter(
+        DataLoader(LongPaths(), batch_size=32, num_workers=2, multiprocessing_context=start_method)
+    )
+    assert next(it)[1].tolist() == list(range(32))
+    workers = it._workers
+    del it
+    assert [w.exitcode for w in workers] == [0, 0]  # not -15: nobody needed SIGTERM
+    _assert_torn_down(leak_check, [])

@@ -191,6 +191,8 @@ def _serve(
             case SeedPipe():
                 _datapipes.seed_graph(runner.dataset, message.seed)
             case Task():
+                if status.stop_requested():  # teardown: the tasks queued are not wanted
+                    return
                 encoder.arena.release(message.released)
                 epoch_state = None
                 if message.epoch != epoch:

@@ -1,7 +1,8 @@
 """Start worker processes and stop them for sure.
 
-Teardown escalates: ask (Stop), wait on the process sentinels, SIGTERM the
-ones still there, wait, SIGKILL. Shared memory is dropped only afterwards.
+Teardown escalates: ask (the stop flag and a Stop), wait on the process sentinels
+while draining what workers still send, SIGTERM the ones still there, wait, SIGKILL.
+Shared memory is dropped only afterwards.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .loop import UserObjects, WorkerSpec, worker_main
 from .outbox import Outbox
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .start import modules_to_preload, start_process
-from .status import WorkerStatus, mark_starting, read_status
+from .status import WorkerStatus, mark_starting, read_status, request_stop
 from .wire import FrameReader
 
 STOP_GRACE_S = 2.0
@@ -403,9 +404,11 @@ class WorkerPool:
 
     def _teardown(self) -> None:
         for worker in self._workers:
+            with contextlib.suppress(TypeError, ValueError):  # its page already let go
+                request_stop(worker.arena.status_page)  # no task it has not begun
             with contextlib.suppress(OSError, ValueError):  # already gone
-                worker.outbox.send(Stop())  # after any queued task; escalation follows
-        _escalate([w.process for w in self._workers])
+                worker.outbox.send(Stop())  # wakes a worker waiting for its next task
+        _escalate(self._workers)
         for worker in self._workers:
             self._unwatch(worker)
             _kill_descendants(worker)
@@ -629,8 +632,9 @@ def _start_worker(
     return _Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
 
 
-def _escalate(processes: list[BaseProcess]) -> None:
-    _wait_for_exit(processes, STOP_GRACE_S)
+def _escalate(workers: list[_Worker]) -> None:
+    _wait_for_stop(workers, STOP_GRACE_S)
+    processes = [w.process for w in workers]
     for p in processes:
         if p.exitcode is None:
             p.terminate()
@@ -640,6 +644,49 @@ def _escalate(processes: list[BaseProcess]) -> None:
             p.kill()
     for p in processes:
         p.join()
+
+
+def _wait_for_stop(workers: list[_Worker], grace: float) -> None:
+    """Wait up to ``grace`` s for workers asked to stop to exit, meanwhile reading and
+    dropping what they still send (a worker blocked writing into a full result pipe
+    would never get to see it must stop) and writing what their task pipes still owe
+    them (a worker waiting for the rest of a half-written frame would wait forever)."""
+    deadline = time.monotonic() + grace
+    with selectors.DefaultSelector() as selector:
+        for worker in workers:
+            with contextlib.suppress(OSError, ValueError):  # closed: nothing to watch
+                selector.register(worker.process.sentinel, selectors.EVENT_READ, worker)
+                selector.register(worker.results.fileno(), selectors.EVENT_READ, worker)
+                if worker.outbox.pending:
+                    selector.register(worker.outbox.fd, selectors.EVENT_WRITE, worker)
+        while any(w.process.exitcode is None for w in workers):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for key, events in selector.select(remaining):
+                if key.fd == key.data.process.sentinel:
+                    # Its descriptors are closed: it is exiting, not yet reapable.
+                    key.data.process.join(max(0.0, deadline - time.monotonic()))
+                    selector.unregister(key.fd)
+                elif events & selectors.EVENT_WRITE:
+                    with contextlib.suppress(OSError):
+                        if not key.data.outbox.flush():
+                            continue
+                    selector.unregister(key.fd)
+                elif not _drop_what_is_there(key.fd):
+                    selector.unregister(key.fd)
+
+
+def _drop_what_is_there(fd: int) -> bool:
+    """Read ``fd`` (non-blocking) until it is empty; False at end of file."""
+    while True:
+        try:
+            if not os.read(fd, 1 << 16):
+                return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
 
 def _wait_for_exit(processes: list[BaseProcess], grace: float) -> None:

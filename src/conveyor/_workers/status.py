@@ -25,6 +25,7 @@ class _Field:
     POSITION = 3  # index of the sample within the batch, -1 when not traced
     STARTED_NS = 4  # CLOCK_MONOTONIC (system-wide on Linux) when the task began, or when
     # the worker went idle (a worker frozen between tasks shows how long it has been idle)
+    STOP = 5  # written by the main process: nonzero once teardown began (see request_stop)
 
 
 _STAGE_CODES: dict[Stage, int] = {stage: i + 1 for i, stage in enumerate(Stage)}
@@ -64,6 +65,17 @@ class StatusWriter:
     def idle(self) -> None:
         self._fields[_Field.STARTED_NS] = time.monotonic_ns()
         self._fields[_Field.STAGE] = 0
+
+    def stop_requested(self) -> bool:
+        return self._fields[_Field.STOP] != 0
+
+
+def request_stop(page: memoryview) -> None:
+    """The main process's side of teardown: the worker runs no task it has not begun.
+
+    A Stop message waits in the task pipe behind every task already sent (with small
+    batches running ahead, hundreds); this flag is seen before the next one."""
+    page[:STATUS_BYTES].cast("q")[_Field.STOP] = 1
 
 
 def mark_starting(page: memoryview) -> None:
