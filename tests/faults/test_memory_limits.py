@@ -28,7 +28,8 @@ import pytest
 from conveyor import DataLoader
 from tests.helpers.cgroup import memory_cgroup
 
-pytestmark = pytest.mark.timeout(300)
+# Real memory cgroups and 640 MiB batches: with -m slow (CI runs it).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "scripts" / "big_batch.py"
 BATCH_MIB = 640

@@ -32,8 +32,9 @@ BATCHES = 400
     ("room", "outcome"),
     [
         (0, "refused"),  # the running workers alone need FDS_PER_LOADER more
-        (FD_MARGIN - 4, "warned"),  # they fit, but not with the margin
-        (FD_MARGIN + 32, "runs"),
+        # they fit, but not with the margin (32 workers each: with -m slow)
+        pytest.param(FD_MARGIN - 4, "warned", marks=pytest.mark.slow),
+        pytest.param(FD_MARGIN + 32, "runs", marks=pytest.mark.slow),
     ],
 )
 def test_many_workers_under_a_real_open_file_limit(

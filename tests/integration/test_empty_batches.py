@@ -146,6 +146,7 @@ def test_doctor_on_a_dataset_holding_a_shared_file_handle(method: str, tmp_path:
         assert "1 error, 0 warnings: exit status 1" in done.stdout
 
 
+@pytest.mark.slow  # a doctor run each (a child importing torch); the one above stays default
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(
     ("target", "arrays"),

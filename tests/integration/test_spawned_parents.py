@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    "method", ["fork", "forkserver", pytest.param("spawn", marks=pytest.mark.slow)]
+    "method",
+    [
+        "fork",
+        pytest.param("forkserver", marks=pytest.mark.slow),
+        pytest.param("spawn", marks=pytest.mark.slow),
+    ],
 )
 def test_a_spawned_parents_main_classes_reach_the_workers(method: str) -> None:
     done = subprocess.run(

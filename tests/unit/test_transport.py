@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 
@@ -50,10 +48,8 @@ def test_slot_is_released_only_when_last_view_dies(pair):
     out = _roundtrip(encoder, decoder, {"a": np.ones(100), "b": np.zeros(10)})
     kept = out["a"][10:20]
     del out
-    gc.collect()
     assert released == []
     del kept
-    gc.collect()
     assert released == [0]
 
 
@@ -116,7 +112,6 @@ def test_released_slots_are_reused(pair):
         out = _roundtrip(encoder, decoder, np.full(1000, i))
         assert int(out[0]) == i
         del out
-        gc.collect()
         encoder.arena.release(tuple(released))
         released.clear()
     assert len(encoder.arena._slots) <= 2
@@ -185,7 +180,6 @@ def test_slots_stay_mapped_only_while_in_use_when_maps_are_not_kept(keep_maps: b
     batch = decoder.decode(payload)
     assert _slot_maps() == worker_maps + 1
     del batch
-    gc.collect()
     assert _slot_maps() == worker_maps + (1 if keep_maps else 0)
     again = decoder.decode(encoder.encode(np.full(1 << 16, 6)))  # the same slot, mapped anew
     assert int(again[-1]) == 6
@@ -240,7 +234,6 @@ def test_the_main_process_drops_its_maps_of_retired_slots() -> None:
     decoder = Decoder(main, released.append)
     small = decoder.decode(encoder.encode(np.zeros(1 << 14)))
     del small
-    gc.collect()
     encoder.arena.release(tuple(released))
     payload = encoder.encode(np.ones(1 << 20))  # outgrows the one free slot
     assert isinstance(payload, SlotPayload) and payload.retired == (released[0],)
@@ -291,7 +284,6 @@ def test_batches_shaped_alike_reuse_the_pickle_and_decode_the_same(
             assert (value.dtype, value.shape) == (ref.dtype, ref.shape)
             np.testing.assert_array_equal(value, ref)
         del out, got, value  # the slot is used again (max_slots=3)
-        gc.collect()
         encoder.arena.release(tuple(released))
         released.clear()
 
@@ -329,10 +321,8 @@ def test_plain_batches_are_rebuilt_without_unpickling_and_stay_views(
         assert np.shares_memory(np.asarray(got[0]), view)  # no copy
         kept = got[1]
         del out, got, value
-        gc.collect()
         assert released == []  # a view of the batch is still alive
         del kept
-        gc.collect()
         assert released == [payload.slot.slot_id]
         encoder.arena.release(tuple(released))
         released.clear()
@@ -385,7 +375,6 @@ def test_an_outlier_gets_a_slot_while_small_batches_run_ahead() -> None:
         arena.release((lease[0].slot_id,))
         del lease
     arena.release((slot.slot_id,))  # its release comes last, with nothing left to do
-    gc.collect()
     assert arena.reserved_bytes() > 8 << 20
     arena.trim()
     assert arena.reserved_bytes() < 2 << 20
@@ -400,7 +389,6 @@ def test_the_next_slot_is_not_sized_like_an_outlier(pair):
         out = decoder.decode(encoder.encode(batch))
         assert out.shape == (4, n)
         del out
-        gc.collect()
         encoder.arena.release(tuple(released))
         released.clear()
     sizes = sorted(slot.size for slot in encoder.arena._slots.values())
