@@ -5,7 +5,6 @@ Timings are never asserted; only that the runs happen and produce sane, positive
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -120,6 +119,8 @@ def test_workloads_match_the_documented_settings() -> None:
     }
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
+    assert WORKLOADS["startup"].quick_start_methods == ("fork",)
+    assert WORKLOADS["epochs"].quick_start_methods == ("fork",)
     assert WORKLOADS["epochs"].fixed_length == 10 * 256  # 10 batches an epoch
     assert WORKLOADS["latency"].ideal_samples_per_s == pytest.approx(1600)
 
@@ -334,11 +335,9 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
         assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
-def test_epochs_row_times_short_epochs_of_both_loaders(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_epochs_row_times_short_epochs_of_both_loaders() -> None:
     pytest.importorskip("torch")
-    # Under fork only: a spawned torch worker imports torch, seconds an epoch.
-    only_fork = dataclasses.replace(WORKLOADS["epochs"], start_methods=("fork",))
-    monkeypatch.setitem(WORKLOADS, "epochs", only_fork)
+    # --quick runs fork only: a spawned torch worker imports torch, seconds an epoch.
     options = BenchOptions(workloads=("epochs",), quick=True, repeat=2)
     [row] = runner.run_benchmark(options, progress=None).rows
     assert (row.kind, row.config) == ("epochs", "2 workers, fork, 10 batches an epoch")
@@ -373,3 +372,14 @@ def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() ->
         indices = range(number * 8, number * 8 + 8)
         assert values == [dataset[i][0].tolist() for i in indices]
         assert labels == [dataset[i][1] for i in indices]
+
+
+def test_quick_runs_the_start_method_rows_under_fork_only() -> None:
+    # A spawned torch worker imports torch (seconds); --quick is a smoke test.
+    full, quick = BenchOptions(), BenchOptions(quick=True)
+    assert runner._row_methods(WORKLOADS["startup"], full) == ["spawn"]
+    assert runner._row_methods(WORKLOADS["startup"], quick) == ["fork"]
+    assert runner._row_methods(WORKLOADS["epochs"], full) == ["fork", "spawn"]
+    assert runner._row_methods(WORKLOADS["epochs"], quick) == ["fork"]
+    asked = BenchOptions(quick=True, start_method="forkserver")
+    assert runner._row_methods(WORKLOADS["tiny"], asked) == ["forkserver"]

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="few batches per run and 1 round: a smoke test, not a measurement",
+        help="few batches per run, 1 round, fork only (startup, epochs): a smoke test, "
+        "not a measurement",
     )
     parser.add_argument(
         "--seconds",
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=multiprocessing.get_all_start_methods(),
         default=None,
         help="multiprocessing_context for the worker rows (default: each loader's own); "
-        "startup always uses spawn, epochs has a row for fork and one for spawn",
+        "startup always uses spawn, epochs has a row for fork and one for spawn "
+        "(with --quick both use fork only)",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="also save raw results here")
     parser.add_argument(

@@ -223,10 +223,11 @@ def _config_label(spec: WorkloadSpec, method: str | None) -> str:
 
 def _row_methods(spec: WorkloadSpec, options: BenchOptions) -> list[str | None]:
     """The start method of each of the workload's rows (None: the loader's default)."""
-    if not spec.start_methods:
+    wanted = (options.quick and spec.quick_start_methods) or spec.start_methods
+    if not wanted:
         return [options.start_method]
     available = multiprocessing.get_all_start_methods()
-    return [method for method in spec.start_methods if method in available]
+    return [method for method in wanted if method in available]
 
 
 class _Progress:

@@ -201,6 +201,8 @@ class WorkloadSpec:
     target_speedup: float | None = None  # goal for the workers row over the plain loop
     # A row per start method, in this order; empty: one row, with the method asked for.
     start_methods: tuple[str, ...] = ()
+    # --quick's rows (empty: start_methods'): a spawned torch worker imports torch, seconds.
+    quick_start_methods: tuple[str, ...] = ()
     fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
 
     def __post_init__(self) -> None:
@@ -298,17 +300,20 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             name="startup",
-            summary="time to first batch, spawn, a list of 1M path strings (--quick: 100k)",
+            summary="time to first batch, spawn, a list of 1M path strings "
+            "(--quick: fork, 100k)",
             kind="startup",
             make_dataset=_paths_dataset,
             batch_size=32,
             num_workers=2,
             start_methods=("spawn",),
+            quick_start_methods=("fork",),
             fixed_length=1_000_000,
         ),
         WorkloadSpec(
             name="epochs",
-            summary="short epochs of tiny (10 batches), new workers each; fork and spawn",
+            summary="short epochs of tiny (10 batches), new workers each; fork and spawn "
+            "(--quick: fork)",
             kind="epochs",
             make_dataset=lambda n, quick: TinyDataset(n),
             batch_size=256,
@@ -321,6 +326,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             quick_batches=3,
             quick_seconds=0.2,
             start_methods=("fork", "spawn"),
+            quick_start_methods=("fork",),
             fixed_length=10 * 256,
         ),
     )
