@@ -650,3 +650,18 @@ def test_no_task_is_wanted_once_the_sampler_ended_or_the_book_gave_up() -> None:
     b.allow_run_ahead(5)
     b.sampler_ended()
     assert not b.wants_task()
+
+
+def test_a_batchs_sample_count_comes_from_its_task_when_the_task_can_say() -> None:
+    b, _ = book(on_error="skip")
+    (_, plain), (w1, skipping) = dispatch(b, [[0, 1, 2], [3, 4, 5]])
+    reply(b, plain)
+    b.on_reply(w1, BatchDone(b.epoch, skipping, DONE, skipped=(failed_sample(4),)))
+    assert b.tasks[plain].samples_in_batch() == 3
+    assert b.tasks[skipping].samples_in_batch() is None  # only the batch knows: 2
+    [(_, unanswered)] = dispatch(b, [[6, 7]])
+    assert b.tasks[unanswered].samples_in_batch() is None
+    iterable, _ = book(iterable=True)
+    [(_, seq)] = dispatch(iterable, [[None, None]])
+    reply(iterable, seq)
+    assert iterable.tasks[seq].samples_in_batch() is None  # an iterable's batch may be short

@@ -122,6 +122,17 @@ class Entry:
     first_sample: int = 0  # the position of its first sample in the epoch (reseed)
     want_state: bool = False  # the reply carries the dataset's state
 
+    def samples_in_batch(self) -> int | None:
+        """How many samples its batch holds, where the task itself says: a batch of a
+        map-style dataset's indices with none left out. None otherwise (then only the
+        batch can tell)."""
+        reply = self.reply
+        if self.shape != _BATCH or self.exclude or self.left_out:
+            return None
+        if not isinstance(reply, BatchDone) or reply.skipped:
+            return None
+        return len(self.index)
+
     @property
     def indices(self) -> tuple[Any, ...]:
         """The dataset indices of the task (empty for iterable datasets), computed

@@ -482,7 +482,9 @@ class MultiprocessIterator:
                 "cannot import, a __setstate__ or __reduce__ that fails).",
             )
             raise _TaskError(attach_worker_context(exc, context)) from None
-        self._book.delivered(entry, batch_size_of(batch))
+        # Counted from the task where it says (inspecting a batch of tensors costs µs).
+        samples = entry.samples_in_batch()
+        self._book.delivered(entry, batch_size_of(batch) if samples is None else samples)
         asked = getattr(entry.reply, "asked_worker_info", None)
         if asked is False and self._streams is not None:
             self._check_stream(entry.worker_id, batch)

@@ -300,8 +300,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             name="startup",
-            summary="time to first batch, spawn, a list of 1M path strings "
-            "(--quick: fork, 100k)",
+            summary="time to first batch, spawn, a list of 1M path strings (--quick: fork, 100k)",
             kind="startup",
             make_dataset=_paths_dataset,
             batch_size=32,
