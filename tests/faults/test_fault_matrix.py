@@ -80,6 +80,7 @@ from conveyor import (
 )
 from conveyor._workers import pool as pool_module
 from tests.helpers import leaks
+from tests.helpers.interrupts import in_pool_teardown, open_fds
 from tests.helpers.sync import Mailbox, post
 
 pytestmark = pytest.mark.timeout(60)
@@ -496,25 +497,6 @@ class StuckAt:
         return index
 
 
-def _in_teardown(frame: FrameType | None) -> bool:
-    """Whether Python was running the pool's teardown where the signal arrived."""
-    while frame is not None:
-        if frame.f_code.co_name == "_teardown" and frame.f_code.co_filename == pool_module.__file__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _open_fds() -> dict[int, str]:
-    found = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the descriptor listdir used
-            continue
-    return found
-
-
 def _helper_fds() -> set[int]:
     """Descriptors multiprocessing keeps for the interpreter's life (fork server, resource
     tracker), opened the first time a test needs them."""
@@ -540,7 +522,7 @@ def _sigint_noted(
     noted: list[tuple[bool, int]] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        noted.append((_in_teardown(frame), sum(leaks.is_alive(w) for w in watched)))
+        noted.append((in_pool_teardown(frame), sum(leaks.is_alive(w) for w in watched)))
         raise Interrupted
 
     previous = signal.signal(signal.SIGINT, handler)
@@ -567,7 +549,7 @@ def test_interrupt_during_teardown_is_held_back_until_nothing_is_left(
 
         monkeypatch.setattr(where, name, interrupted)
 
-    before = _open_fds()
+    before = open_fds()
     watched: list[psutil.Process] = []
     with Mailbox(tmp_path / "stuck") as box, _sigint_noted(watched) as noted:
         loader = DataLoader(
@@ -578,7 +560,7 @@ def test_interrupt_during_teardown_is_held_back_until_nothing_is_left(
         assert next(it) == [0, 1]
         watched.append(psutil.Process(int(box.wait())))  # in dataset[3] now: busy
         interrupt_once(pool_module.WorkerPool, "wait")
-        interrupt_once(pool_module, "_wait_for_exit")
+        interrupt_once(pool_module, "_wait_for_stop")
         with pytest.raises(Interrupted) as info:
             next(it)
         del it
@@ -587,7 +569,7 @@ def test_interrupt_during_teardown_is_held_back_until_nothing_is_left(
     # teardown, acted on only once the worker was gone.
     assert noted == [(False, 1), (True, 0)]
     assert isinstance(info.value.__context__, Interrupted)  # the first, then the second
-    left = {fd: path for fd, path in _open_fds().items() if before.get(fd) != path}
+    left = {fd: path for fd, path in open_fds().items() if before.get(fd) != path}
     for fd in _helper_fds():
         left.pop(fd, None)
     assert left == {}, "descriptors left open (pipes, memfds, sockets)"

@@ -28,6 +28,7 @@ import pytest
 from conveyor import BatchesHeldWarning, DataLoader, WorkerCrashedError, WorkerRestartedWarning
 from tests.faults import CHEAP_METHODS
 from tests.helpers import leaks
+from tests.helpers.interrupts import CHILD_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -401,6 +402,7 @@ def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None
         capture_output=True,
         text=True,
         timeout=STARTUP_TIMEOUT_S,
+        env=CHILD_ENV,
     )
     assert done.returncode == 0, done.stderr
     left = json.loads(done.stdout.strip().splitlines()[-1])
@@ -427,6 +429,7 @@ def test_ctrl_c_during_spawn_start_up_leaves_nothing_behind(when: str, tmp_path:
         capture_output=True,
         text=True,
         timeout=STARTUP_TIMEOUT_S,
+        env=CHILD_ENV,
     )
     assert done.returncode == 0, done.stderr
     left = json.loads(done.stdout.strip().splitlines()[-1])

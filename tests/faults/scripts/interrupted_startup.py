@@ -22,6 +22,7 @@ import threading
 from typing import Any
 
 import psutil
+from tests.helpers.interrupts import open_fds
 
 from conveyor import DataLoader
 
@@ -40,16 +41,6 @@ class Gate:
         os.write(fd, b"x")
         os.close(fd)
         threading.Event().wait()  # starting, for as long as it takes
-
-
-def open_fds() -> dict[int, str]:
-    found = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the descriptor listdir used
-            continue
-    return found
 
 
 def descendants() -> list[psutil.Process]:

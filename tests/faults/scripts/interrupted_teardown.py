@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 import psutil
+from tests.helpers.interrupts import in_pool_teardown, open_fds
 
 from conveyor import DataLoader
 from conveyor._workers import pool as pool_module
@@ -42,32 +43,13 @@ def ctrl_c(*_: Any) -> None:
     os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, as a terminal sends
 
 
-original_wait = pool_module._wait_for_exit
+original_wait = pool_module._wait_for_stop
 
 
-def wait_interrupted(processes: Any, grace: float) -> None:
-    pool_module._wait_for_exit = original_wait
+def wait_interrupted(*args: Any) -> None:
+    pool_module._wait_for_stop = original_wait
     ctrl_c()  # the second Ctrl-C comes while teardown waits for the busy workers
-    original_wait(processes, grace)
-
-
-def in_teardown(frame: FrameType | None) -> bool:
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_teardown" and code.co_filename == pool_module.__file__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def open_fds() -> dict[int, str]:
-    found = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the descriptor listdir used
-            continue
-    return found
+    original_wait(*args)
 
 
 def running(processes: list[psutil.Process]) -> list[int]:
@@ -90,11 +72,11 @@ def main() -> None:
     sigints: list[dict[str, Any]] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
-        sigints.append({"in_teardown": in_teardown(frame), "running": len(running(workers))})
+        sigints.append({"in_teardown": in_pool_teardown(frame), "running": len(running(workers))})
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
-    pool_module._wait_for_exit = wait_interrupted
+    pool_module._wait_for_stop = wait_interrupted
     signal.signal(signal.SIGALRM, ctrl_c)
     signal.setitimer(signal.ITIMER_REAL, 0.3)  # the first Ctrl-C, while next() waits
     caught = 0
