@@ -397,25 +397,17 @@ def test_the_serialized_dataset_is_freed_once_every_worker_loaded_it(method: str
 def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None:
     # ~4 s each (teardown waits out its grace period for busy workers): the default
     # run keeps fork; -m slow adds the others.
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "interrupted_teardown.py"), start_method],
-        capture_output=True,
-        text=True,
-        timeout=STARTUP_TIMEOUT_S,
-        env=CHILD_ENV,
-    )
-    assert done.returncode == 0, done.stderr
-    left = json.loads(done.stdout.strip().splitlines()[-1])
+    left, stderr = _run_script("interrupted_teardown.py", start_method)
     # The first Ctrl-C came while both workers ran; the second arrived during teardown
     # and was acted on (by the program's own handler) once teardown was complete.
     assert left["sigints"] == [
         {"in_teardown": False, "running": 2},
         {"in_teardown": True, "running": 0},
-    ], done.stderr
+    ], stderr
     # One KeyboardInterrupt, kept with its traceback; no worker, and no descriptor
     # opened since the loader was made (memfd, pipe or socket), is left.
-    assert (left["caught"], left["kept"]) == (1, True), done.stderr
-    assert (left["alive"], left["fds"]) == ([], []), done.stderr
+    assert (left["caught"], left["kept"]) == (1, True), stderr
+    assert (left["alive"], left["fds"]) == ([], []), stderr
 
 
 @pytest.mark.slow  # spawn, as the conftest does with spawn variants: CI runs -m slow
@@ -424,16 +416,21 @@ def test_ctrl_c_during_spawn_start_up_leaves_nothing_behind(when: str, tmp_path:
     # "spawning": a real SIGINT the moment the first worker process exists, before it
     # got its instructions; "starting": while iter() waits for workers still in
     # worker_init_fn. The program keeps the KeyboardInterrupt, traceback and all.
+    left, stderr = _run_script("interrupted_startup.py", "spawn", when, str(tmp_path))
+    assert left == {"caught": 1, "frames": True, "alive": [], "fds": []}, stderr
+
+
+def _run_script(name: str, *args: str) -> tuple[dict[str, Any], str]:
+    """Run a program from ``scripts/``; the JSON report on its last line, and its stderr."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "interrupted_startup.py"), "spawn", when, str(tmp_path)],
+        [sys.executable, str(SCRIPTS / name), *args],
         capture_output=True,
         text=True,
         timeout=STARTUP_TIMEOUT_S,
         env=CHILD_ENV,
     )
     assert done.returncode == 0, done.stderr
-    left = json.loads(done.stdout.strip().splitlines()[-1])
-    assert left == {"caught": 1, "frames": True, "alive": [], "fds": []}, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def test_iterator_workers_are_real_process_handles(start_method: str) -> None:
