@@ -451,6 +451,18 @@ class TaskBook:
             return GiveUp(over_budget)
         return Handout(entry)
 
+    def peek(self) -> Entry | None:
+        """The entry :meth:`next_step` would hand out next, if its reply has come;
+        nothing in the book changes (the loop pins that batch ahead)."""
+        if self.in_order:
+            seq = self.next_out
+            while seq in self._skipped:
+                seq += 1
+            entry = self.tasks.get(seq)
+            return entry if entry is not None and entry.reply is not None else None
+        first = next(iter(self._arrived), None)
+        return None if first is None else self.tasks[first]
+
     def _ready(self) -> Entry | None:
         if self.in_order:
             while self._skipped and self.next_out in self._skipped:

@@ -15,7 +15,7 @@ import pickle
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import _torch
@@ -66,7 +66,8 @@ from .book import (
 )
 from .cursor import END, SamplerCursor
 from .duplicates import StreamCheck
-from .pinning import pin_batch, pinning_enabled
+from .pin_ahead import PinAhead
+from .pinning import pin_batch, pin_thread_setup, pinning_enabled
 from .progress import Progress, per_worker_why
 from .rng import replayed_draw
 from .state import ResumePoint
@@ -114,10 +115,17 @@ class MultiprocessIterator:
         history: LoaderHistory,
         pool_factory: PoolFactory = WorkerPool,
         resume: ResumePoint | None = None,
+        pin: Callable[[Any], Any] | None = None,
     ) -> None:
+        """``pin`` pins a batch (tests pass a stand-in); by default torch's pinning,
+        when ``pin_memory=True`` and an accelerator is there."""
         self._config = config
         self._history = history
-        self._pin = pinning_enabled(config)
+        setup = None
+        if pin is None and pinning_enabled(config):
+            pin, setup = pin_batch, pin_thread_setup()
+        self._pin = pin
+        self._pin_ahead = PinAhead(pin, setup) if pin is not None else None
         self._warned_inline = False
         self.closed = False
         # Workers whose dataset keeps a state (or whose iterator does) report it.
@@ -182,7 +190,7 @@ class MultiprocessIterator:
         ]
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn)
         self._pool = pool_factory(config.start_method, user, self._specs)
-        self._finalizer = weakref.finalize(self, self._pool.close)
+        self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
         self._recheck_at = 0.0  # when the status pages must be read again (deadlines)
         # Each worker's state at the start of the epoch still to be heard (per-worker state).
         self._unreported: set[int] = set(range(config.num_workers)) if self._per_worker else set()
@@ -246,6 +254,7 @@ class MultiprocessIterator:
             raise StopIteration
         try:
             batch = self._next_batch()
+            self._pin_next()
         except StopIteration:
             self.progress.ended()
             self._book.skips.log_epoch_summary()
@@ -346,11 +355,12 @@ class MultiprocessIterator:
         slots of batches that arrived and were never handed out, and count the tasks
         still out, whose replies will be discarded as they come."""
         self._stale = [0] * self._config.num_workers
+        decoded = self._pin_ahead.drop() if self._pin_ahead is not None else None
         for entry in self._book.tasks.values():
             payload = getattr(entry.reply, "payload", None)
             if entry.reply is None:
                 self._stale[entry.worker_id] += 1
-            elif payload is not None:
+            elif payload is not None and entry is not decoded:
                 self._pool.discard(entry.origin, payload)
 
     def _top_up(self) -> None:
@@ -461,8 +471,42 @@ class MultiprocessIterator:
     def _decode(self, entry: Entry, payload: Payload) -> Any:
         if isinstance(payload, InlinePayload) and payload.slots_exhausted:
             self._on_slots_exhausted(entry, payload.held_in_worker)
+        pinned, batch = self._pin_ahead.take(entry) if self._pin_ahead else (False, None)
+        if not pinned:
+            batch = self._rebuild(entry, payload)
+        # Counted from the task where it says (inspecting a batch of tensors costs µs).
+        samples = entry.samples_in_batch()
+        self._book.delivered(entry, batch_size_of(batch) if samples is None else samples)
+        asked = getattr(entry.reply, "asked_worker_info", None)
+        if asked is False and self._streams is not None:
+            self._check_stream(entry.worker_id, batch)
+        if pinned or self._pin is None:
+            return batch
+        return self._pin(batch)
+
+    def _pin_next(self) -> None:
+        """Pin the batch to be handed out next while the user works on this one, if it
+        has come already (see :mod:`.pin_ahead`)."""
+        if self._pin_ahead is None or not self._pin_ahead.idle:
+            return
+        entry = self._book.peek()
+        if entry is None or not isinstance(entry.reply, BatchDone):
+            return
+        payload = entry.reply.payload
+        if payload is None:
+            return  # every sample left out: nothing to pin
         try:
-            batch = self._pool.decode(entry.origin, payload)
+            batch = self._rebuild(entry, payload)
+        except _TaskError as failed:
+            self._pin_ahead.fail(entry, failed)  # raised when its turn comes
+        else:
+            self._pin_ahead.start(entry, batch)
+
+    def _rebuild(self, entry: Entry, payload: Payload) -> Any:
+        """The batch from its payload; a :class:`_TaskError` naming it if it does not
+        unpickle here."""
+        try:
+            return self._pool.decode(entry.origin, payload)
         except Exception as exc:
             # The batch pickled in the worker but does not unpickle here (a
             # class missing in this process, a __setstate__ that raises): it
@@ -482,13 +526,6 @@ class MultiprocessIterator:
                 "cannot import, a __setstate__ or __reduce__ that fails).",
             )
             raise _TaskError(attach_worker_context(exc, context)) from None
-        # Counted from the task where it says (inspecting a batch of tensors costs µs).
-        samples = entry.samples_in_batch()
-        self._book.delivered(entry, batch_size_of(batch) if samples is None else samples)
-        asked = getattr(entry.reply, "asked_worker_info", None)
-        if asked is False and self._streams is not None:
-            self._check_stream(entry.worker_id, batch)
-        return pin_batch(batch) if self._pin else batch
 
     def _check_stream(self, worker_id: int, batch: Any) -> None:
         assert self._streams is not None
@@ -719,3 +756,10 @@ def _worker_states(resume: ResumePoint | None, config: LoaderConfig) -> list[byt
         pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) if s.holds_state or s.ended else None
         for s in states
     ]
+
+
+def _close(pin_ahead: PinAhead | None, pool: Pool) -> None:
+    """Stop pinning before the pool goes: a pin in flight reads a batch in its memory."""
+    if pin_ahead is not None:
+        pin_ahead.close()
+    pool.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import LoaderConfig
@@ -31,6 +31,19 @@ def pinning_enabled(config: LoaderConfig) -> bool:
         )
         return False
     return True
+
+
+def pin_thread_setup() -> Callable[[], None]:
+    """What a pinning thread runs first: use the accelerator the main thread uses now
+    (pinned memory is allocated for the current device)."""
+    import torch
+
+    device = torch.accelerator.current_device_index()
+
+    def use_device() -> None:
+        torch.accelerator.set_device_index(device)
+
+    return use_device
 
 
 def pin_batch(batch: Any) -> Any:

@@ -1,0 +1,210 @@
+"""Pinning one batch ahead (``pin_memory=True`` with workers), without an accelerator.
+
+The stage itself is tested with stand-in pin functions; the loop's use of it runs
+over the fake pool (tests/helpers/fake_pool.py), where worker 0 is made slow so
+that the next batch has always arrived when one is handed out.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import pytest
+from tests.helpers.fake_pool import FakePool
+from tests.unit.test_loop import Numbers, _prepared, flat, loader, run
+
+from conveyor import DataLoader
+from conveyor._iter.multiprocess import MultiprocessIterator
+from conveyor._iter.pin_ahead import THREAD_NAME, PinAhead
+
+
+class Pinned(list[Any]):
+    """A batch as the stand-in pinner returns it: a copy, and which thread made it."""
+
+    def __init__(self, batch: Any) -> None:
+        super().__init__(batch)
+        self.thread = threading.current_thread().name
+
+
+class Recorder:
+    """Pins by copying into a :class:`Pinned`; an event per batch (by its first
+    sample) fires once it is pinned."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.done: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def event(self, first: int) -> threading.Event:
+        with self.lock:
+            return self.done.setdefault(first, threading.Event())
+
+    def __call__(self, batch: Any) -> Pinned:
+        first = int(batch[0])
+        if first == self.fail_at:
+            raise RuntimeError(f"cannot pin the batch starting at {first}")
+        pinned = Pinned(batch)
+        self.event(first).set()
+        return pinned
+
+
+def _iterator(data: DataLoader, setup: Any, pin: Any) -> MultiprocessIterator:
+    """An iterator over the fake pool (``setup(pool)`` first) that pins with ``pin``."""
+    FakePool.instances.clear()
+    return MultiprocessIterator(data._config, data._history, pool_factory=_prepared(setup), pin=pin)
+
+
+def pin_threads_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
+
+
+def slow_first_worker(pool: FakePool) -> None:
+    pool.slow.add(0)  # worker 1's batches arrive first: the next batch is always there
+
+
+# --- the stage ----------------------------------------------------------------------
+
+
+class Batch:
+    """A stand-in batch that records the thread its last reference died in."""
+
+    def __init__(self, died_in: list[str]) -> None:
+        weakref.finalize(self, lambda: died_in.append(threading.current_thread().name))
+
+
+def test_the_stage_pins_in_its_thread_and_the_unpinned_batch_dies_in_the_main_thread() -> None:
+    stage = PinAhead(lambda batch: threading.current_thread().name)
+    died_in: list[str] = []
+    key = object()
+    stage.start(key, Batch(died_in))
+    assert not stage.idle
+    assert stage.take(object()) == (False, None)  # another batch: not the one ahead
+    pinned, thread = stage.take(key)
+    assert pinned and thread.startswith(THREAD_NAME)
+    assert died_in == [threading.current_thread().name]
+    assert stage.idle
+    stage.close()
+    assert pin_threads_alive() == []
+
+
+def test_a_failed_pin_is_raised_when_its_batch_is_taken() -> None:
+    def pin(batch: Any) -> Any:
+        raise RuntimeError("no page-locked memory left")
+
+    stage = PinAhead(pin)
+    key = object()
+    stage.start(key, [1])
+    with pytest.raises(RuntimeError, match="no page-locked memory left"):
+        stage.take(key)
+    stage.fail(key, ValueError("undecodable"))
+    with pytest.raises(ValueError, match="undecodable"):
+        stage.take(key)
+    assert stage.idle
+    stage.close()
+
+
+def test_drop_waits_for_the_pin_in_flight_then_forgets_it() -> None:
+    started, release = threading.Event(), threading.Event()
+    finished: list[bool] = []
+
+    def pin(batch: Any) -> Any:
+        started.set()
+        release.wait(10)
+        finished.append(True)
+        return batch
+
+    stage = PinAhead(pin)
+    key = object()
+    died_in: list[str] = []
+    stage.start(key, Batch(died_in))
+    assert started.wait(10)
+    release.set()
+    assert stage.drop() is key
+    assert finished == [True]
+    assert died_in == [threading.current_thread().name]
+    assert stage.take(key) == (False, None)
+    stage.close()
+    assert pin_threads_alive() == []
+
+
+def test_the_thread_starts_only_when_a_batch_is_pinned_ahead() -> None:
+    stage = PinAhead(list)
+    assert pin_threads_alive() == []
+    stage.close()
+
+
+# --- the loop -----------------------------------------------------------------------
+
+
+def test_the_next_batch_is_pinned_while_the_user_holds_this_one() -> None:
+    pin = Recorder()
+    it = _iterator(loader(Numbers(16), in_order=True), slow_first_worker, pin)
+    first = next(it)
+    assert list(first) == [0, 1]
+    # Nobody asked for the second batch yet: it is pinned ahead, in the stage's thread.
+    assert pin.event(2).wait(10)
+    batches = [first, *it]
+    assert flat(batches) == list(range(16))
+    assert all(isinstance(b, Pinned) for b in batches)
+    # The first batch had nothing before it; later ones are pinned in the main thread
+    # only where they had not arrived yet when the batch before them was handed out.
+    assert batches[0].thread == threading.current_thread().name
+    assert batches[1].thread == f"{THREAD_NAME}_0"
+    assert {b.thread for b in batches} == {threading.current_thread().name, f"{THREAD_NAME}_0"}
+    assert pin_threads_alive() == []  # the epoch ended: the iterator closed
+
+
+def test_pinning_ahead_hands_out_the_same_batches_in_the_same_order() -> None:
+    for in_order in (True, False):
+        plain, _ = run(loader(Numbers(20), in_order=in_order), slow_first_worker)
+        pinned = _iterator(loader(Numbers(20), in_order=in_order), slow_first_worker, Recorder())
+        assert [list(b) for b in pinned] == [list(b) for b in plain]
+
+
+def test_a_batch_pinned_ahead_that_fails_to_decode_raises_at_its_turn_and_the_loop_goes_on() -> (
+    None
+):
+    def setup(pool: FakePool) -> None:
+        slow_first_worker(pool)
+        pool.undecodable.add(1)
+
+    it = _iterator(loader(Numbers(8), in_order=True), setup, Recorder())
+    assert list(next(it)) == [0, 1]
+    with pytest.raises(LookupError, match="cannot be rebuilt here") as raised:
+        next(it)
+    context = raised.value.conveyor_context  # type: ignore[attr-defined]
+    assert (context.stage, context.indices, context.seq) == ("decode", (2, 3), 1)
+    assert flat(list(it)) == [4, 5, 6, 7]
+
+
+def test_a_failed_pin_is_raised_for_its_batch_and_closes_the_iterator_as_before() -> None:
+    it = _iterator(loader(Numbers(8), in_order=True), slow_first_worker, Recorder(fail_at=2))
+    assert list(next(it)) == [0, 1]
+    with pytest.raises(RuntimeError, match="batch starting at 2"):
+        next(it)
+    assert it.closed and list(it) == []
+    assert pin_threads_alive() == []
+
+
+def test_a_new_epoch_drops_the_batch_pinned_ahead_and_gives_back_the_others() -> None:
+    data = loader(Numbers(16), in_order=True, persistent_workers=True)
+    it = _iterator(data, slow_first_worker, Recorder())
+    pool = FakePool.instances[-1]
+    next(it)
+    arrived = [e for e in it._book.tasks.values() if getattr(e.reply, "payload", None)]
+    assert len(arrived) >= 2  # the one pinned ahead and at least one more
+    it.reset()  # a break, then a new epoch on the same workers
+    # The one pinned ahead was decoded already: only the others are given back.
+    assert pool.discarded == len(arrived) - 1
+    assert flat(list(it)) == list(range(16))
+
+
+def test_closing_mid_epoch_stops_the_pin_thread() -> None:
+    it = _iterator(loader(Numbers(16), in_order=True), slow_first_worker, Recorder())
+    next(it)
+    assert pin_threads_alive()
+    it.close()
+    assert pin_threads_alive() == []
+    assert FakePool.instances[-1].closed
