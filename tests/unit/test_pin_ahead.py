@@ -18,6 +18,7 @@ from tests.unit.test_loop import Numbers, _prepared, flat, loader, run
 from conveyor import DataLoader
 from conveyor._iter.multiprocess import MultiprocessIterator
 from conveyor._iter.pin_ahead import THREAD_NAME, PinAhead
+from conveyor.diagnostics.fork_hazards import running_threads
 
 
 class Pinned(list[Any]):
@@ -57,7 +58,7 @@ def _iterator(data: DataLoader, setup: Any, pin: Any) -> MultiprocessIterator:
 
 
 def pin_threads_alive() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
 def slow_first_worker(pool: FakePool) -> None:
@@ -82,7 +83,7 @@ def test_the_stage_pins_in_its_thread_and_the_unpinned_batch_dies_in_the_main_th
     assert not stage.idle
     assert stage.take(object()) == (False, None)  # another batch: not the one ahead
     pinned, thread = stage.take(key)
-    assert pinned and thread.startswith(THREAD_NAME)
+    assert pinned and thread == THREAD_NAME
     assert died_in == [threading.current_thread().name]
     assert stage.idle
     stage.close()
@@ -129,6 +130,30 @@ def test_drop_waits_for_the_pin_in_flight_then_forgets_it() -> None:
     assert pin_threads_alive() == []
 
 
+def test_a_thread_that_cannot_select_the_device_fails_each_batch_instead_of_hanging() -> None:
+    def setup() -> None:
+        raise RuntimeError("invalid device ordinal")
+
+    stage = PinAhead(list, setup)
+    for _ in range(2):
+        key = object()
+        stage.start(key, [1])
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            stage.take(key)
+    stage.close()
+    assert pin_threads_alive() == []
+
+
+def test_the_fork_checks_know_the_pin_thread_as_conveyors_own() -> None:
+    stage = PinAhead(list)
+    key = object()
+    stage.start(key, [1])
+    assert stage.take(key) == (True, [1])
+    (thread,) = pin_threads_alive()  # idle between batches, alive until closed
+    assert thread not in running_threads()  # a second loader's fork does not warn of it
+    stage.close()
+
+
 def test_the_thread_starts_only_when_a_batch_is_pinned_ahead() -> None:
     stage = PinAhead(list)
     assert pin_threads_alive() == []
@@ -151,8 +176,8 @@ def test_the_next_batch_is_pinned_while_the_user_holds_this_one() -> None:
     # The first batch had nothing before it; later ones are pinned in the main thread
     # only where they had not arrived yet when the batch before them was handed out.
     assert batches[0].thread == threading.current_thread().name
-    assert batches[1].thread == f"{THREAD_NAME}_0"
-    assert {b.thread for b in batches} == {threading.current_thread().name, f"{THREAD_NAME}_0"}
+    assert batches[1].thread == THREAD_NAME
+    assert {b.thread for b in batches} == {threading.current_thread().name, THREAD_NAME}
     assert pin_threads_alive() == []  # the epoch ended: the iterator closed
 
 

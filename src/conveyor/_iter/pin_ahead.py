@@ -1,8 +1,7 @@
 """Pin the next batch in a thread while the user trains on the current one.
 
-``pin_memory=True`` copies every batch into page-locked memory, which takes as long
-as a memcpy of the batch: for image batches, a good part of a training step. torch
-hides it behind a thread that pins each batch as it arrives. conveyor's loop hands
+``pin_memory=True`` copies every batch into page-locked memory: a copy of the whole
+batch on the training loop's path unless something else makes it. torch hides it behind a thread that pins each batch as it arrives. conveyor's loop hands
 out batches in the main thread, so it pins one batch ahead instead: when a batch is
 handed out and the next one has already arrived, that one is decoded in the main
 thread and pinned in this stage's thread, while the user works on the batch just
@@ -10,47 +9,69 @@ handed out. One batch at most is pinned ahead, so the stage adds one batch of
 page-locked memory to the one the user holds.
 
 Slots are freed by weak-reference callbacks that run in whichever thread drops a
-batch's last reference. The stage keeps the unpinned batch itself and drops it in
-the main thread once the pin has finished, so no slot is ever released from the
-pinning thread.
+batch's last reference. Both the unpinned and the pinned batch (which may share
+arrays with it: pinning leaves what is not a tensor as it is) pass between the
+threads in a box that only the main thread empties, so no slot is ever released
+from the pinning thread.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 THREAD_NAME = "conveyor-pin"
 
 
 @dataclass(slots=True)
+class _Raised:
+    error: BaseException
+
+
+@dataclass(slots=True)
 class _Ahead:
+    """A batch sent to the thread. ``box`` holds the unpinned batch; the thread appends
+    the pinned one (or what it raised) and sets ``done``; the main thread empties the
+    box. The batches pass only through the box, never through the thread's variables,
+    so neither can lose its last reference in the thread."""
+
     key: object  # whose batch it is (the task book's entry)
-    source: list[Any]  # the unpinned batch, in a box the main thread empties
-    pinned: Future[Any]
+    box: list[Any]
+    done: threading.Event = field(default_factory=threading.Event)
 
 
-def _pin_boxed(pin: Callable[[Any], Any], box: list[Any]) -> Any:
-    return pin(box[0])
-
-
-def _failed(error: BaseException) -> Future[Any]:
-    future: Future[Any] = Future()
-    future.set_exception(error)
-    return future
+def _serve(
+    pin: Callable[[Any], Any], setup: Callable[[], None] | None, inbox: queue.SimpleQueue[Any]
+) -> None:
+    """The thread: pin each batch sent until ``None`` comes."""
+    setup_error: _Raised | None = None
+    try:
+        if setup is not None:
+            setup()
+    except BaseException as error:  # every batch will say why it could not be pinned
+        setup_error = _Raised(error)
+    while (ahead := inbox.get()) is not None:
+        if setup_error is not None:
+            ahead.box.append(setup_error)
+        else:
+            try:
+                ahead.box.append(pin(ahead.box[0]))
+            except BaseException as error:
+                ahead.box.append(_Raised(error))
+        ahead.done.set()
 
 
 class PinAhead:
     """One batch pinned ahead (see the module docstring); the thread starts lazily."""
 
-    def __init__(
-        self, pin: Callable[[Any], Any], initializer: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, pin: Callable[[Any], Any], setup: Callable[[], None] | None = None) -> None:
         self._pin = pin
-        self._initializer = initializer
-        self._executor: ThreadPoolExecutor | None = None
+        self._setup = setup  # run first in the thread
+        self._inbox: queue.SimpleQueue[_Ahead | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self._ahead: _Ahead | None = None
 
     @property
@@ -61,17 +82,22 @@ class PinAhead:
     def start(self, key: object, batch: Any) -> None:
         """Pin ``batch`` in the thread; :meth:`take` with the same key collects it."""
         assert self._ahead is None, "one batch is pinned ahead at a time"
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=THREAD_NAME, initializer=self._initializer
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve,
+                args=(self._pin, self._setup, self._inbox),
+                name=THREAD_NAME,
+                daemon=True,  # close() joins it; a leaked iterator must not block exit
             )
-        box = [batch]
-        self._ahead = _Ahead(key, box, self._executor.submit(_pin_boxed, self._pin, box))
+            self._thread.start()
+        self._ahead = _Ahead(key, [batch])
+        self._inbox.put(self._ahead)
 
     def fail(self, key: object, error: BaseException) -> None:
         """The batch could not even be decoded: :meth:`take` raises ``error`` for it."""
         assert self._ahead is None, "one batch is pinned ahead at a time"
-        self._ahead = _Ahead(key, [], _failed(error))
+        self._ahead = _Ahead(key, [None, _Raised(error)])
+        self._ahead.done.set()
 
     def take(self, key: object) -> tuple[bool, Any]:
         """``(True, pinned batch)`` if ``key``'s batch was pinned ahead, waiting for the
@@ -80,10 +106,12 @@ class PinAhead:
         if ahead is None or ahead.key is not key:
             return False, None
         self._ahead = None
-        try:
-            return True, ahead.pinned.result()
-        finally:
-            ahead.source.clear()  # the unpinned batch dies here, in the main thread
+        ahead.done.wait()
+        outcome = ahead.box.pop()
+        ahead.box.clear()  # the unpinned batch dies here, in the main thread
+        if isinstance(outcome, _Raised):
+            raise outcome.error
+        return True, outcome
 
     def drop(self) -> object | None:
         """Forget the batch pinned ahead (an abandoned epoch, a closed iterator) once its
@@ -91,13 +119,14 @@ class PinAhead:
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        wait([ahead.pinned])
-        ahead.source.clear()
+        ahead.done.wait()
+        ahead.box.clear()
         return ahead.key
 
     def close(self) -> None:
         """Drop what is ahead and stop the thread (joined: nothing outlives the loop)."""
         self.drop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join()
+            self._thread = None
