@@ -26,10 +26,12 @@ from conveyor.benchmark import (
     workloads,
 )
 from conveyor.benchmark.measure import (
+    Accelerator,
     PlainLoop,
     WindowSpec,
     measure_epochs,
     measure_throughput,
+    measure_training,
     touch,
 )
 from conveyor.benchmark.plot import MatplotlibMissingError, plot_report
@@ -116,6 +118,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "latency": (16, 8, False),
         "startup": (32, 2, False),
         "epochs": (256, 2, False),
+        "train": (64, 2, True),
     }
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
@@ -123,6 +126,8 @@ def test_workloads_match_the_documented_settings() -> None:
     assert WORKLOADS["epochs"].quick_start_methods == ("fork",)
     assert WORKLOADS["epochs"].fixed_length == 10 * 256  # 10 batches an epoch
     assert WORKLOADS["latency"].ideal_samples_per_s == pytest.approx(1600)
+    assert WORKLOADS["train"].step_s == 0.005
+    assert WORKLOADS["train"].ideal_samples_per_s == pytest.approx(64 / 0.005)
 
 
 # --- measurement and report ------------------------------------------------------------------
@@ -350,6 +355,39 @@ def test_epochs_row_times_short_epochs_of_both_loaders() -> None:
     ratio = row.ratio()
     assert ratio is not None and ratio > 0
     assert "start-up included" in row.notes[0]
+
+
+def test_measure_training_times_the_loop_and_its_waits_for_data() -> None:
+    window = WindowSpec(warmup=2, min_batches=3, max_batches=3, seconds=0.0)
+    result = measure_training(lambda: PlainLoop(TinyDataset(40), 4), window, step_s=0.001)
+    assert (result.batches, result.samples, result.leaked_processes) == (3, 12, 0)
+    assert 0 < result.waited_s < result.seconds  # three 1 ms steps are in the window too
+    assert (result.copy_s, result.copied_bytes, result.copy_bytes_per_s) == (0.0, 0, None)
+
+
+def test_the_copy_to_the_accelerator_moves_every_tensor_then_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    waits: list[bool] = []
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: waits.append(True))
+    batch = {"image": torch.zeros(4, 3, dtype=torch.uint8), "rest": [torch.ones(2), "name"]}
+    assert Accelerator(torch.device("cpu")).copy(batch) == 12 + 8
+    assert waits == [True]
+
+
+def test_train_row_says_how_long_each_loader_kept_the_loop_waiting() -> None:
+    pytest.importorskip("torch")
+    options = BenchOptions(workloads=("train",), quick=True, repeat=1)
+    [row] = runner.run_benchmark(options, progress=None).rows
+    assert row.kind == "train" and row.errors == {}
+    assert row.config.startswith("2 workers, persistent, 5 ms step, ")
+    for loader in ("conveyor", "torch"):
+        [run] = row.runs[loader]
+        assert run.batches == 10 and 0 <= run.waited_share < 1 and run.leaked_processes == 0
+    assert row.notes[0].startswith("waiting for data: conveyor ")
+    assert ", torch " in row.notes[0]
+    assert any(note.startswith("of ideal 12,800/s") for note in row.notes)
 
 
 def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() -> None:

@@ -1,8 +1,9 @@
 """Pin the next batch in a thread while the user trains on the current one.
 
 ``pin_memory=True`` copies every batch into page-locked memory: a copy of the whole
-batch on the training loop's path unless something else makes it. torch hides it behind a thread that pins each batch as it arrives. conveyor's loop hands
-out batches in the main thread, so it pins one batch ahead instead: when a batch is
+batch on the training loop's path unless something else makes it. torch hides it
+behind a thread that pins each batch as it arrives. conveyor's loop hands out
+batches in the main thread, so it pins one batch ahead instead: when a batch is
 handed out and the next one has already arrived, that one is decoded in the main
 thread and pinned in this stage's thread, while the user works on the batch just
 handed out. One batch at most is pinned ahead, so the stage adds one batch of

@@ -1,5 +1,6 @@
-"""Measuring one loader run: throughput over a timed window, time to first batch, or the
-time an epoch takes when every epoch starts its workers anew.
+"""Measuring one loader run: throughput over a timed window, time to first batch, the
+time an epoch takes when every epoch starts its workers anew, or a training loop's
+time spent waiting for data.
 
 Both kinds of run record main-process CPU time, the peak of the summed RSS of the main
 process and its descendants (sampled a few times, so approximate), and how many worker
@@ -49,6 +50,18 @@ class Measurement:
     leaked_processes: int
     main_page_faults: int | None = None  # minor faults of the main process in the window
     epochs: int = 0  # timed epochs, for the epochs kind of run
+    waited_s: float = 0.0  # train: time the loop spent in next(), waiting for a batch
+    copy_s: float = 0.0  # train, with an accelerator: time copying batches to it
+    copied_bytes: int = 0
+
+    @property
+    def waited_share(self) -> float:
+        """The share of the window the training loop spent waiting for data."""
+        return self.waited_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def copy_bytes_per_s(self) -> float | None:
+        return self.copied_bytes / self.copy_s if self.copy_s > 0 else None
 
     @property
     def seconds_per_epoch(self) -> float | None:
@@ -104,6 +117,46 @@ class PlainLoop:
         dataset, size = self.dataset, self.batch_size
         for start in range(0, len(dataset) - size + 1, size):
             yield hand_collate([dataset[i] for i in range(start, start + size)])
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """The device a training loop copies its batches to (the one torch sees)."""
+
+    device: Any  # a torch.device
+
+    @staticmethod
+    def find() -> Accelerator | None:
+        """This machine's accelerator, or None (no torch, or none available)."""
+        try:
+            import torch
+        except ImportError:
+            return None
+        if not torch.accelerator.is_available():
+            return None
+        return Accelerator(torch.accelerator.current_accelerator())
+
+    def copy(self, batch: Any) -> int:
+        """Copy the batch's tensors to the device as training does (``non_blocking``,
+        then wait until they are there); the bytes copied."""
+        import torch
+
+        copied = 0
+        for tensor in _tensors(batch):
+            tensor.to(self.device, non_blocking=True)
+            copied += tensor.nbytes
+        torch.accelerator.synchronize()
+        return copied
+
+
+def _tensors(batch: Any) -> Iterator[Any]:
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        for item in batch:
+            yield from _tensors(item)
+    elif hasattr(batch, "is_pinned"):  # a torch.Tensor
+        yield batch
 
 
 def _process_tree() -> list[psutil.Process]:
@@ -176,6 +229,54 @@ def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     return Measurement(batches, samples, seconds, cpu, peak, 0, faults)
 
 
+def _time_training(
+    make_loader: LoaderFactory,
+    window: WindowSpec,
+    step_s: float,
+    accelerator: Accelerator | None,
+) -> Measurement:
+    # As _time_window, with a training step after each batch: the batch is copied to
+    # the accelerator if there is one, then the host waits ``step_s`` as it waits for
+    # the device's work (asleep: the loader's threads and processes run meanwhile).
+    it = iter(make_loader())
+    for _ in range(window.warmup):
+        warm = next(it)
+        touch(warm)
+        if accelerator is not None:
+            accelerator.copy(warm)
+        del warm
+    peak = _tree_rss()
+    next_sample = 1
+    samples = batches = copied = 0
+    waited = copy_s = 0.0
+    faults0, cpu0 = _minor_faults(), time.process_time()
+    t0 = now = time.perf_counter()
+    while batches < window.max_batches and (
+        batches < window.min_batches or now - t0 < window.seconds
+    ):
+        asked = time.perf_counter()
+        batch = next(it)
+        got = time.perf_counter()
+        waited += got - asked
+        samples += touch(batch)
+        if accelerator is not None:
+            copied += accelerator.copy(batch)
+            copy_s += time.perf_counter() - got
+        del batch  # the step runs on the device's copy: the host batch can go
+        time.sleep(step_s)
+        batches += 1
+        now = time.perf_counter()
+        if now - t0 >= next_sample * window.seconds / _MEMORY_SAMPLES:
+            next_sample += 1
+            peak = max(peak, _tree_rss())
+    seconds = now - t0
+    cpu, faults = time.process_time() - cpu0, _delta(faults0)
+    return Measurement(
+        batches, samples, seconds, cpu, peak, 0, faults,
+        waited_s=waited, copy_s=copy_s, copied_bytes=copied,
+    )  # fmt: skip
+
+
 def _time_first_batch(make_loader: LoaderFactory) -> Measurement:
     faults0, cpu0, t0 = _minor_faults(), time.process_time(), time.perf_counter()
     it = iter(make_loader())
@@ -226,6 +327,19 @@ def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measur
     """Time a window of batches after warm-up; the loader is built and dropped in here."""
     before = _children()
     result = _time_window(make_loader, window)
+    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
+
+
+def measure_training(
+    make_loader: LoaderFactory,
+    window: WindowSpec,
+    step_s: float,
+    accelerator: Accelerator | None = None,
+) -> Measurement:
+    """Time a training loop over a window of batches (see ``_time_training``); the
+    loader is built and dropped in here."""
+    before = _children()
+    result = _time_training(make_loader, window, step_s, accelerator)
     return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 

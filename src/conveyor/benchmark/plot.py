@@ -80,7 +80,9 @@ def throughput_groups(report: BenchReport) -> list[Group]:
     for workload in dict.fromkeys(row.workload for row in report.rows):
         rows = [row for row in report.rows if row.workload == workload]
         inline = next((r for r in rows if r.config == INLINE_CONFIG), None)
-        workers = next((r for r in rows if r.kind == "throughput" and r is not inline), None)
+        workers = next(
+            (r for r in rows if r.kind in ("throughput", "train") and r is not inline), None
+        )
         reference = next((r for r in rows if r.kind == "reference"), None)
         group = _group(
             workload,

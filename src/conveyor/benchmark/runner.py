@@ -23,6 +23,7 @@ from importlib import metadata
 from typing import Any, Literal, TextIO
 
 from conveyor.benchmark.measure import (
+    Accelerator,
     LoaderFactory,
     Measurement,
     PlainLoop,
@@ -30,6 +31,7 @@ from conveyor.benchmark.measure import (
     measure_epochs,
     measure_startup,
     measure_throughput,
+    measure_training,
     parallel_speedup,
 )
 from conveyor.benchmark.reference import SharedMemoryLoop
@@ -47,7 +49,7 @@ REFERENCE = "reference"
 INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
 
-RowKind = Literal["throughput", "startup", "epochs", "baseline", "reference", "features"]
+RowKind = Literal["throughput", "startup", "epochs", "train", "baseline", "reference", "features"]
 TIMED_KINDS = ("startup", "epochs")  # rows whose figure is seconds: lower is better
 # conveyor's per-batch features, all on: what they cost is the gap to the workers row.
 FEATURES: dict[str, Any] = {"reseed": "batch", "snapshot_every_n_steps": 1, "on_error": "skip"}
@@ -263,6 +265,8 @@ def _run_row(
                 value = f"{result.seconds:.2f} s to first batch"
             elif row.kind == "epochs":
                 value = f"{1000 * (result.seconds_per_epoch or 0):,.0f} ms an epoch"
+            elif row.kind == "train":
+                value = f"{result.samples_per_s:,.0f} samples/s, {result.waited_share:.0%} waiting"
             else:
                 value = f"{result.samples_per_s:,.0f} samples/s"
             progress(f"  {row.workload} | {row.config} | {name} #{attempt + 1}: {value}")
@@ -326,7 +330,9 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
             else:
                 shares = [f"{n} {v / base:.0%}" for n in LOADERS if (v := row.median(n))]
                 row.notes.append(f"of plain loop: {', '.join(shares)}")
-        if spec.ideal_samples_per_s and row.kind == "throughput":
+        if row.kind == "train":
+            row.notes.extend(_training_notes(row))
+        if spec.ideal_samples_per_s and row.kind in ("throughput", "train"):
             ideal = spec.ideal_samples_per_s
             shares = [f"{n} {v / ideal:.0%}" for n in LOADERS if (v := row.median(n))]
             row.notes.append(f"of ideal {ideal:,.0f}/s: {', '.join(shares)}")
@@ -335,6 +341,24 @@ def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> Non
             if leaked:
                 row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
         row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _training_notes(row: Row) -> list[str]:
+    """How long the training loop waited for data, and how fast batches reached the
+    accelerator (median over the rounds)."""
+    waited, copies = [], []
+    for name in LOADERS:
+        runs = row.runs.get(name)
+        if not runs or name in row.errors:
+            continue
+        waited.append(f"{name} {statistics.median(m.waited_share for m in runs):.1%}")
+        rates = [rate for m in runs if (rate := m.copy_bytes_per_s) is not None]
+        if rates:
+            copies.append(f"{name} {statistics.median(rates) / 1e9:.1f} GB/s")
+    notes = [f"waiting for data: {', '.join(waited)} of the loop"] if waited else []
+    if copies:
+        notes.append(f"copy to the accelerator: {', '.join(copies)}")
+    return notes
 
 
 def _run_workload(
@@ -371,6 +395,25 @@ def _run_workload(
             row, factories = loader_row(config, "startup", spec.num_workers, row_method)
             _run_row(row, factories, measure_startup, options.repeat, progress)
             rows.append(row)
+    elif spec.kind == "train":
+        accelerator = Accelerator.find()
+        pinned = {"pin_memory": True} if accelerator is not None else {}
+        where = f"pin_memory, copy to {accelerator.device}" if accelerator else "no accelerator"
+        config = f"{_config_label(spec, method)}, {1000 * spec.step_s:g} ms step, {where}"
+        row = Row(spec.name, config, "train")
+        factories = {
+            name: _loader_factory(
+                loaders.classes[name], dataset, spec, spec.num_workers, method, pinned
+            )
+            for name in LOADERS
+            if name in loaders.classes
+        }
+
+        def train(factory: LoaderFactory) -> Measurement:
+            return measure_training(factory, window, spec.step_s, accelerator)
+
+        _run_row(row, factories, train, options.repeat, progress)
+        rows.append(row)
     elif spec.kind == "epochs":
         batches = len(dataset) // spec.batch_size
         for row_method in methods:

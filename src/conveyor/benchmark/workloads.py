@@ -153,7 +153,7 @@ def hand_collate(samples: Sequence[tuple[Any, int]]) -> tuple[Any, Array]:
     return values, labels
 
 
-Kind = Literal["throughput", "startup", "epochs"]
+Kind = Literal["throughput", "startup", "epochs", "train"]
 
 
 @dataclass(frozen=True)
@@ -204,9 +204,10 @@ class WorkloadSpec:
     # --quick's rows (empty: start_methods'): a spawned torch worker imports torch, seconds.
     quick_start_methods: tuple[str, ...] = ()
     fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
+    step_s: float = 0.0  # train: each batch's training step (the host waiting for the GPU)
 
     def __post_init__(self) -> None:
-        timed = self.kind in ("throughput", "epochs")
+        timed = self.kind in ("throughput", "epochs", "train")
         if timed and not 1 <= self.min_batches <= self.max_batches:
             raise ValueError(
                 f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
@@ -297,6 +298,21 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             quick_batches=10,
             warmup=16,
             ideal_samples_per_s=8 / 0.005,
+        ),
+        WorkloadSpec(
+            name="train",
+            summary="image batches into a training loop whose step takes 5 ms (the host "
+            "waiting for a GPU); with an accelerator also pin_memory=True and the copy to it",
+            kind="train",
+            make_dataset=lambda n, quick: ImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=2_000,
+            quick_batches=10,
+            warmup=6,
+            step_s=0.005,
+            ideal_samples_per_s=64 / 0.005,
         ),
         WorkloadSpec(
             name="startup",
