@@ -7,6 +7,7 @@ that the next batch has always arrived when one is handed out.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import weakref
 from typing import Any
@@ -131,10 +132,10 @@ def test_drop_waits_for_the_pin_in_flight_then_forgets_it() -> None:
 
 
 def test_a_thread_that_cannot_select_the_device_fails_each_batch_instead_of_hanging() -> None:
-    def setup() -> None:
+    def use_device() -> None:
         raise RuntimeError("invalid device ordinal")
 
-    stage = PinAhead(list, setup)
+    stage = PinAhead(list, lambda: use_device)
     for _ in range(2):
         key = object()
         stage.start(key, [1])
@@ -142,6 +143,86 @@ def test_a_thread_that_cannot_select_the_device_fails_each_batch_instead_of_hang
             stage.take(key)
     stage.close()
     assert pin_threads_alive() == []
+
+
+def test_without_a_thread_the_batch_is_pinned_here_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    stage = PinAhead(lambda batch: (threading.current_thread().name, batch))
+    key = object()
+    stage.start(key, [1])
+    assert stage.take(key) == (True, (threading.current_thread().name, [1]))
+    stage.close()
+
+
+def test_closing_from_the_pin_thread_itself_does_not_wait_for_itself() -> None:
+    # The garbage collector may run the iterator's finalizer in whichever thread
+    # allocates: here, in the middle of a pin.
+    closed = threading.Event()
+    pinned_in: list[threading.Thread] = []
+
+    def pin(batch: Any) -> Any:
+        pinned_in.append(threading.current_thread())
+        stage.close()
+        closed.set()
+        return batch
+
+    stage = PinAhead(pin)
+    stage.start(object(), [1])
+    assert closed.wait(10)
+    assert stage.idle
+    pinned_in[0].join(10)  # told to stop: it ends once this pin returns
+    assert not pinned_in[0].is_alive()
+
+
+# Python 3.12+ warns of any fork in a process with threads; this one is the subject.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def pin(batch: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return batch
+
+    stage = PinAhead(pin)
+    stage.start(object(), [1])
+    assert started.wait(10)
+    child = multiprocessing.get_context("fork").Process(target=stage.close)
+    child.start()
+    child.join(10)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    release.set()
+    stage.close()
+    assert not hung and child.exitcode == 0
+
+
+def test_settle_waits_for_the_pin_in_flight_and_keeps_its_batch() -> None:
+    started, release = threading.Event(), threading.Event()
+    finished: list[bool] = []
+
+    def pin(batch: Any) -> Any:
+        started.set()
+        release.wait(10)
+        finished.append(True)
+        return batch
+
+    stage = PinAhead(pin)
+    key = object()
+    stage.start(key, [7])
+    assert started.wait(10)
+    release.set()
+    stage.settle()
+    assert finished == [True]
+    assert stage.take(key) == (True, [7])
+    stage.close()
 
 
 def test_the_fork_checks_know_the_pin_thread_as_conveyors_own() -> None:
@@ -224,6 +305,24 @@ def test_a_new_epoch_drops_the_batch_pinned_ahead_and_gives_back_the_others() ->
     # The one pinned ahead was decoded already: only the others are given back.
     assert pool.discarded == len(arrived) - 1
     assert flat(list(it)) == list(range(16))
+
+
+def test_the_accelerator_is_asked_for_only_once_a_batch_was_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Asking which device is current initialises it; a fork after that breaks CUDA in
+    # the workers, so it must wait until they run.
+    from conveyor._iter import multiprocess
+
+    asked: list[str] = []
+    monkeypatch.setattr(multiprocess, "pinning_enabled", lambda config: True)
+    monkeypatch.setattr(multiprocess, "pin_batch", Recorder())
+    monkeypatch.setattr(multiprocess, "pin_thread_setup", lambda: asked.append("device"))
+    it, _ = run(loader(Numbers(16), in_order=True), slow_first_worker)
+    assert asked == []  # the workers are running and nothing asked yet
+    next(it)
+    assert asked == ["device"]  # by the pin thread's start, after the first batch
+    assert flat(list(it)) == list(range(2, 16))
 
 
 def test_closing_mid_epoch_stops_the_pin_thread() -> None:

@@ -123,7 +123,7 @@ class MultiprocessIterator:
         self._history = history
         setup = None
         if pin is None and pinning_enabled(config):
-            pin, setup = pin_batch, pin_thread_setup()
+            pin, setup = pin_batch, pin_thread_setup
         self._pin = pin
         self._pin_ahead = PinAhead(pin, setup) if pin is not None else None
         self._warned_inline = False
@@ -611,6 +611,8 @@ class MultiprocessIterator:
         self._restart(decision)
 
     def _restart(self, decision: Restart) -> None:
+        if self._pin_ahead is not None:
+            self._pin_ahead.settle()  # a fork must not copy the pin thread mid-pin
         self._pool.replace(decision.worker_id)
         for task in decision.resend:
             self._pool.send(decision.worker_id, task)
@@ -760,6 +762,8 @@ def _worker_states(resume: ResumePoint | None, config: LoaderConfig) -> list[byt
 
 def _close(pin_ahead: PinAhead | None, pool: Pool) -> None:
     """Stop pinning before the pool goes: a pin in flight reads a batch in its memory."""
-    if pin_ahead is not None:
-        pin_ahead.close()
-    pool.close()
+    try:
+        if pin_ahead is not None:
+            pin_ahead.close()
+    finally:
+        pool.close()

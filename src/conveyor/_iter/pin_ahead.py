@@ -18,6 +18,7 @@ from the pinning thread.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -57,20 +58,35 @@ def _serve(
     while (ahead := inbox.get()) is not None:
         if setup_error is not None:
             ahead.box.append(setup_error)
+            ahead.done.set()
         else:
-            try:
-                ahead.box.append(pin(ahead.box[0]))
-            except BaseException as error:
-                ahead.box.append(_Raised(error))
-        ahead.done.set()
+            _pin_into(ahead, pin, BaseException)  # nothing above this thread to catch it
+
+
+def _pin_into(ahead: _Ahead, pin: Callable[[Any], Any], catch: type[BaseException]) -> None:
+    try:
+        ahead.box.append(pin(ahead.box[0]))
+    except catch as error:
+        ahead.box.append(_Raised(error))
+    ahead.done.set()
+
+
+ThreadSetup = Callable[[], Callable[[], None] | None]
 
 
 class PinAhead:
-    """One batch pinned ahead (see the module docstring); the thread starts lazily."""
+    """One batch pinned ahead (see the module docstring); the thread starts lazily.
 
-    def __init__(self, pin: Callable[[Any], Any], setup: Callable[[], None] | None = None) -> None:
+    ``setup`` is called in the main thread when the thread starts, that is once a first
+    batch has been handed out (the workers are running: it may initialise the
+    accelerator, which must not happen before they fork); what it returns runs first in
+    the thread.
+    """
+
+    def __init__(self, pin: Callable[[Any], Any], setup: ThreadSetup | None = None) -> None:
         self._pin = pin
-        self._setup = setup  # run first in the thread
+        self._setup = setup
+        self._owner = os.getpid()
         self._inbox: queue.SimpleQueue[_Ahead | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ahead: _Ahead | None = None
@@ -83,16 +99,25 @@ class PinAhead:
     def start(self, key: object, batch: Any) -> None:
         """Pin ``batch`` in the thread; :meth:`take` with the same key collects it."""
         assert self._ahead is None, "one batch is pinned ahead at a time"
+        ahead = self._ahead = _Ahead(key, [batch])
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=_serve,
-                args=(self._pin, self._setup, self._inbox),
-                name=THREAD_NAME,
-                daemon=True,  # close() joins it; a leaked iterator must not block exit
-            )
-            self._thread.start()
-        self._ahead = _Ahead(key, [batch])
-        self._inbox.put(self._ahead)
+            try:
+                self._thread = self._start_thread()
+            except Exception:  # no thread to be had (a limit on threads): pin it here
+                _pin_into(ahead, self._pin, Exception)
+                return
+        self._inbox.put(ahead)
+
+    def _start_thread(self) -> threading.Thread:
+        setup = self._setup() if self._setup is not None else None
+        thread = threading.Thread(
+            target=_serve,
+            args=(self._pin, setup, self._inbox),
+            name=THREAD_NAME,
+            daemon=True,  # close() joins it; a leaked iterator must not block exit
+        )
+        thread.start()
+        return thread
 
     def fail(self, key: object, error: BaseException) -> None:
         """The batch could not even be decoded: :meth:`take` raises ``error`` for it."""
@@ -114,20 +139,34 @@ class PinAhead:
             raise outcome.error
         return True, outcome
 
+    def settle(self) -> None:
+        """Wait until no pin is in flight (before forking: the thread then holds no lock)."""
+        if self._ahead is not None and self._can_wait():
+            self._ahead.done.wait()
+
     def drop(self) -> object | None:
         """Forget the batch pinned ahead (an abandoned epoch, a closed iterator) once its
         pin has finished; the key it was pinned for, or None."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        ahead.done.wait()
-        ahead.box.clear()
+        if self._can_wait():
+            ahead.done.wait()
+            ahead.box.clear()
         return ahead.key
 
     def close(self) -> None:
         """Drop what is ahead and stop the thread (joined: nothing outlives the loop)."""
         self.drop()
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None or os.getpid() != self._owner:
+            return  # a forked child has no thread to stop
+        self._inbox.put(None)
+        if thread is not threading.current_thread():
+            thread.join()
+
+    def _can_wait(self) -> bool:
+        """Whether the thread can finish what it does while this one waits: not when
+        this is the thread itself (the garbage collector ran the iterator's finalizer
+        during a pin), nor in a forked child, which has no such thread."""
+        return os.getpid() == self._owner and threading.current_thread() is not self._thread

@@ -35,7 +35,8 @@ def pinning_enabled(config: LoaderConfig) -> bool:
 
 def pin_thread_setup() -> Callable[[], None]:
     """What a pinning thread runs first: use the accelerator the main thread uses now
-    (pinned memory is allocated for the current device)."""
+    (pinned memory is allocated for the current device). Called in the main thread
+    once workers run: asking for the device initialises the accelerator."""
     import torch
 
     device = torch.accelerator.current_device_index()

@@ -256,12 +256,12 @@ def _time_training(
     ):
         asked = time.perf_counter()
         batch = next(it)
-        got = time.perf_counter()
-        waited += got - asked
+        waited += time.perf_counter() - asked
         samples += touch(batch)
         if accelerator is not None:
+            copying = time.perf_counter()
             copied += accelerator.copy(batch)
-            copy_s += time.perf_counter() - got
+            copy_s += time.perf_counter() - copying
         del batch  # the step runs on the device's copy: the host batch can go
         time.sleep(step_s)
         batches += 1
