@@ -58,6 +58,20 @@ def _iterator(data: DataLoader, setup: Any, pin: Any) -> MultiprocessIterator:
     return MultiprocessIterator(data._config, data._history, pool_factory=_prepared(setup), pin=pin)
 
 
+class Gated:
+    """Pins (returns the batch as it is) once released; ``started`` fires as it begins."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.finished = False
+
+    def __call__(self, batch: Any) -> Any:
+        self.started.set()
+        self.release.wait(10)
+        self.finished = True
+        return batch
+
+
 def pin_threads_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
@@ -108,23 +122,15 @@ def test_a_failed_pin_is_raised_when_its_batch_is_taken() -> None:
 
 
 def test_drop_waits_for_the_pin_in_flight_then_forgets_it() -> None:
-    started, release = threading.Event(), threading.Event()
-    finished: list[bool] = []
-
-    def pin(batch: Any) -> Any:
-        started.set()
-        release.wait(10)
-        finished.append(True)
-        return batch
-
+    pin = Gated()
     stage = PinAhead(pin)
     key = object()
     died_in: list[str] = []
     stage.start(key, Batch(died_in))
-    assert started.wait(10)
-    release.set()
+    assert pin.started.wait(10)
+    pin.release.set()
     assert stage.drop() is key
-    assert finished == [True]
+    assert pin.finished
     assert died_in == [threading.current_thread().name]
     assert stage.take(key) == (False, None)
     stage.close()
@@ -182,16 +188,10 @@ def test_closing_from_the_pin_thread_itself_does_not_wait_for_itself() -> None:
 # Python 3.12+ warns of any fork in a process with threads; this one is the subject.
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> None:
-    started, release = threading.Event(), threading.Event()
-
-    def pin(batch: Any) -> Any:
-        started.set()
-        release.wait(10)
-        return batch
-
+    pin = Gated()
     stage = PinAhead(pin)
     stage.start(object(), [1])
-    assert started.wait(10)
+    assert pin.started.wait(10)
     child = multiprocessing.get_context("fork").Process(target=stage.close)
     child.start()
     child.join(10)
@@ -199,28 +199,20 @@ def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> Non
     if hung:
         child.kill()
         child.join()
-    release.set()
+    pin.release.set()
     stage.close()
     assert not hung and child.exitcode == 0
 
 
 def test_settle_waits_for_the_pin_in_flight_and_keeps_its_batch() -> None:
-    started, release = threading.Event(), threading.Event()
-    finished: list[bool] = []
-
-    def pin(batch: Any) -> Any:
-        started.set()
-        release.wait(10)
-        finished.append(True)
-        return batch
-
+    pin = Gated()
     stage = PinAhead(pin)
     key = object()
     stage.start(key, [7])
-    assert started.wait(10)
-    release.set()
+    assert pin.started.wait(10)
+    pin.release.set()
     stage.settle()
-    assert finished == [True]
+    assert pin.finished
     assert stage.take(key) == (True, [7])
     stage.close()
 

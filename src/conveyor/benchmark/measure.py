@@ -205,11 +205,39 @@ def _delta(before: int | None) -> int | None:
     return None if before is None or after is None else after - before
 
 
-def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
+@dataclass
+class TrainingStep:
+    """The ``train`` kind's step after each batch: the copy to the accelerator if there
+    is one, then ``step_s`` asleep, as the host waits for the device's work (the
+    loader's threads and processes run meanwhile). Sums what the loop spent where."""
+
+    step_s: float
+    accelerator: Accelerator | None
+    waited_s: float = 0.0
+    copy_s: float = 0.0
+    copied_bytes: int = 0
+
+    def run(self, batch: Any, timed: bool = True) -> None:
+        if self.accelerator is not None:
+            copying = time.perf_counter()
+            copied = self.accelerator.copy(batch)
+            if timed:
+                self.copy_s += time.perf_counter() - copying
+                self.copied_bytes += copied
+        time.sleep(self.step_s)
+
+
+def _time_window(
+    make_loader: LoaderFactory, window: WindowSpec, train: TrainingStep | None = None
+) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
     it = iter(make_loader())
     for _ in range(window.warmup):
-        touch(next(it))
+        warm = next(it)
+        touch(warm)
+        if train is not None:
+            train.run(warm, timed=False)
+        del warm
     peak = _tree_rss()
     next_sample = 1
     samples = batches = 0
@@ -218,52 +246,14 @@ def _time_window(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     while batches < window.max_batches and (
         batches < window.min_batches or now - t0 < window.seconds
     ):
-        samples += touch(next(it))
-        batches += 1
-        now = time.perf_counter()
-        if now - t0 >= next_sample * window.seconds / _MEMORY_SAMPLES:
-            next_sample += 1
-            peak = max(peak, _tree_rss())
-    seconds = now - t0
-    cpu, faults = time.process_time() - cpu0, _delta(faults0)
-    return Measurement(batches, samples, seconds, cpu, peak, 0, faults)
-
-
-def _time_training(
-    make_loader: LoaderFactory,
-    window: WindowSpec,
-    step_s: float,
-    accelerator: Accelerator | None,
-) -> Measurement:
-    # As _time_window, with a training step after each batch: the batch is copied to
-    # the accelerator if there is one, then the host waits ``step_s`` as it waits for
-    # the device's work (asleep: the loader's threads and processes run meanwhile).
-    it = iter(make_loader())
-    for _ in range(window.warmup):
-        warm = next(it)
-        touch(warm)
-        if accelerator is not None:
-            accelerator.copy(warm)
-        del warm
-    peak = _tree_rss()
-    next_sample = 1
-    samples = batches = copied = 0
-    waited = copy_s = 0.0
-    faults0, cpu0 = _minor_faults(), time.process_time()
-    t0 = now = time.perf_counter()
-    while batches < window.max_batches and (
-        batches < window.min_batches or now - t0 < window.seconds
-    ):
         asked = time.perf_counter()
         batch = next(it)
-        waited += time.perf_counter() - asked
+        if train is not None:
+            train.waited_s += time.perf_counter() - asked
         samples += touch(batch)
-        if accelerator is not None:
-            copying = time.perf_counter()
-            copied += accelerator.copy(batch)
-            copy_s += time.perf_counter() - copying
-        del batch  # the step runs on the device's copy: the host batch can go
-        time.sleep(step_s)
+        if train is not None:
+            train.run(batch)
+        del batch  # a training step runs on the device's copy: the host batch can go
         batches += 1
         now = time.perf_counter()
         if now - t0 >= next_sample * window.seconds / _MEMORY_SAMPLES:
@@ -271,10 +261,12 @@ def _time_training(
             peak = max(peak, _tree_rss())
     seconds = now - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
-    return Measurement(
-        batches, samples, seconds, cpu, peak, 0, faults,
-        waited_s=waited, copy_s=copy_s, copied_bytes=copied,
-    )  # fmt: skip
+    result = Measurement(batches, samples, seconds, cpu, peak, 0, faults)
+    if train is None:
+        return result
+    return dataclasses.replace(
+        result, waited_s=train.waited_s, copy_s=train.copy_s, copied_bytes=train.copied_bytes
+    )
 
 
 def _time_first_batch(make_loader: LoaderFactory) -> Measurement:
@@ -336,10 +328,10 @@ def measure_training(
     step_s: float,
     accelerator: Accelerator | None = None,
 ) -> Measurement:
-    """Time a training loop over a window of batches (see ``_time_training``); the
+    """Time a training loop over a window of batches (see :class:`TrainingStep`); the
     loader is built and dropped in here."""
     before = _children()
-    result = _time_training(make_loader, window, step_s, accelerator)
+    result = _time_window(make_loader, window, TrainingStep(step_s, accelerator))
     return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 
