@@ -2,6 +2,7 @@
 
     python benchmarks/copy_on_read.py                      # ~1 min on 2 cores
     python benchmarks/copy_on_read.py --items 200000 --start-method spawn
+    python benchmarks/copy_on_read.py --collect 100000     # with full garbage collections
 
 A dataset holds 1M path strings and returns ``len(path)``; 2 persistent workers
 make one full pass. Each loader / container pair runs in a fresh interpreter;
@@ -9,7 +10,9 @@ at the end of the epoch, while the workers are still alive, the script sums
 their USS (memory only they hold: what they copied or allocated) and prints a
 Markdown table (stdout). A plain list is copied page by page as workers read
 it (each read writes the string's reference count); a ``conveyor.SharedList``
-is only read. See benchmarks/README.md.
+is only read. With ``--collect N`` each worker runs a full garbage collection every N
+samples, as the collector eventually does in a long run: it writes to every object it
+visits. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -36,15 +39,19 @@ MIB = 2**20
 
 
 class Paths:
-    """Sample ``i``: the length of path ``i`` (reading it is all the work)."""
+    """Sample ``i``: the length of path ``i`` (reading it is all the work); a full garbage
+    collection every ``collect_every`` samples (0: never)."""
 
-    def __init__(self, paths: Any) -> None:
+    def __init__(self, paths: Any, collect_every: int = 0) -> None:
         self.paths = paths
+        self.collect_every = collect_every
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> int:
+        if self.collect_every and index % self.collect_every == 0:
+            gc.collect()
         return len(self.paths[index])
 
 
@@ -81,7 +88,7 @@ def measure(loader_name: str, container: str, args: argparse.Namespace) -> dict[
     expected = sum(map(len, paths))
     if container == "SharedList":
         paths = SharedList(paths)
-    dataset = Paths(paths)
+    dataset = Paths(paths, args.collect)
     del paths
     gc.collect()
     loader = DataLoader(
@@ -124,6 +131,8 @@ def run_isolated(loader_name: str, container: str, args: argparse.Namespace) -> 
         str(args.batch_size),
         "--start-method",
         args.start_method,
+        "--collect",
+        str(args.collect),
     ]
     print(f"{loader_name} + {container} ...", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True)
@@ -144,7 +153,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     )
     lines = [
         f"{args.items:,} paths, {args.workers} workers, `{args.start_method}`, batch size "
-        f"{args.batch_size}, one pass; {os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        f"{args.batch_size}, one pass"
+        + (f", a full garbage collection every {args.collect:,} samples" if args.collect else "")
+        + f"; {os.cpu_count()} cores, Python {sys.version.split()[0]}",
         "",
         "| loader | dataset holds | workers' USS (MiB) | per worker (MiB) | % of torch + list | epoch s |",  # noqa: E501
         "|---|---|---:|---:|---:|---:|",
@@ -168,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
+    parser.add_argument(
+        "--collect", type=int, default=0, metavar="N", help="full gc.collect() every N samples"
+    )
     parser.add_argument("--only", help="comma-separated loader:container pairs, e.g. torch:list")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one run, JSON out
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import mmap
 import os
 import pickle
@@ -111,6 +112,9 @@ def worker_main(
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(arena_fd.fd)
+        # What the parent built stays out of this process's garbage collections: each
+        # one would write to every inherited object's header, copying its page.
+        gc.freeze()
     arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes)
     status = StatusWriter(arena.status_page)
     status.begin(-1, -1)
