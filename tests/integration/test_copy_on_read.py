@@ -1,4 +1,4 @@
-"""Forked workers leave what they inherited out of their garbage collections.
+"""Workers leave what they inherited out of their garbage collections.
 
 A full collection writes to the header of every object it visits. In a forked
 worker that is every object the training process had (torch's modules, the
@@ -28,11 +28,22 @@ class FreezeCount:
 
 def test_a_forked_worker_never_collects_what_it_inherited() -> None:
     inherited = len(gc.get_objects())
-    loader = conveyor.DataLoader(
-        FreezeCount(), batch_size=None, num_workers=1, multiprocessing_context="fork"
-    )
-    counts = [int(count) for count in loader]
-    assert len(counts) == 3
+    counts = _freeze_counts("fork")
     # Everything the parent had when it forked; a few of those the worker may free.
     assert min(counts) >= 0.9 * inherited
     assert gc.get_freeze_count() == 0  # the training process itself collects as before
+
+
+def test_a_fork_server_worker_never_collects_what_the_server_had() -> None:
+    # The server imported the standard library, NumPy and conveyor's worker: thousands
+    # of objects, none of them this process's.
+    assert min(_freeze_counts("forkserver")) > 1000
+
+
+def _freeze_counts(method: str) -> list[int]:
+    loader = conveyor.DataLoader(
+        FreezeCount(), batch_size=None, num_workers=1, multiprocessing_context=method
+    )
+    counts = [int(count) for count in loader]
+    assert len(counts) == 3
+    return counts

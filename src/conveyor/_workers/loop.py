@@ -110,11 +110,12 @@ def worker_main(
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
+    # What this process inherited (from the training process, or the fork server) stays
+    # out of its garbage collections: each would write to every inherited object's
+    # header, copying its page.
+    gc.freeze()
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(arena_fd.fd)
-        # What the parent built stays out of this process's garbage collections: each
-        # one would write to every inherited object's header, copying its page.
-        gc.freeze()
     arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes)
     status = StatusWriter(arena.status_page)
     status.begin(-1, -1)
