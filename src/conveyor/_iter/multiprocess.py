@@ -254,7 +254,8 @@ class MultiprocessIterator:
             raise StopIteration
         try:
             batch = self._next_batch()
-            self._pin_next()
+            if self._pin_ahead is not None:
+                self._pin_next()
         except StopIteration:
             self.progress.ended()
             self._book.skips.log_epoch_summary()
@@ -487,7 +488,8 @@ class MultiprocessIterator:
     def _pin_next(self) -> None:
         """Pin the batch to be handed out next while the user works on this one, if it
         has come already (see :mod:`.pin_ahead`)."""
-        if self._pin_ahead is None or not self._pin_ahead.idle:
+        assert self._pin_ahead is not None
+        if not self._pin_ahead.idle:
             return
         entry = self._book.peek()
         if entry is None or not isinstance(entry.reply, BatchDone):

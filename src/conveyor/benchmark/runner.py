@@ -374,10 +374,14 @@ def _run_workload(
     rows: list[Row] = []
 
     def loader_row(
-        config: str, kind: RowKind, workers: int, method: str | None = method
+        config: str,
+        kind: RowKind,
+        workers: int,
+        method: str | None = method,
+        extra: dict[str, Any] | None = None,
     ) -> tuple[Row, dict[str, LoaderFactory]]:
         factories = {
-            name: _loader_factory(loaders.classes[name], dataset, spec, workers, method)
+            name: _loader_factory(loaders.classes[name], dataset, spec, workers, method, extra)
             for name in LOADERS
             if name in loaders.classes
         }
@@ -400,14 +404,7 @@ def _run_workload(
         pinned = {"pin_memory": True} if accelerator is not None else {}
         where = f"pin_memory, copy to {accelerator.device}" if accelerator else "no accelerator"
         config = f"{_config_label(spec, method)}, {1000 * spec.step_s:g} ms step, {where}"
-        row = Row(spec.name, config, "train")
-        factories = {
-            name: _loader_factory(
-                loaders.classes[name], dataset, spec, spec.num_workers, method, pinned
-            )
-            for name in LOADERS
-            if name in loaders.classes
-        }
+        row, factories = loader_row(config, "train", spec.num_workers, extra=pinned)
 
         def train(factory: LoaderFactory) -> Measurement:
             return measure_training(factory, window, spec.step_s, accelerator)
