@@ -393,3 +393,26 @@ def test_the_next_slot_is_not_sized_like_an_outlier(pair):
         released.clear()
     sizes = sorted(slot.size for slot in encoder.arena._slots.values())
     assert sum(size > 1 << 20 for size in sizes) == 1  # the outlier's alone
+
+
+def test_the_heap_keeper_keeps_twice_the_largest_batch_of_freed_heap():
+    from conveyor._workers.heap import MAX_TRIM, MIN_TRIM, MMAP_THRESHOLD, HeapKeeper
+
+    calls: list[tuple[int, int]] = []
+    keeper = HeapKeeper(mallopt=lambda option, value: calls.append((option, value)) or 1)
+    assert calls == [(-3, MMAP_THRESHOLD), (-1, MIN_TRIM)]
+    keeper.batch_made(10 << 20)  # within the first threshold: nothing to change
+    assert len(calls) == 2
+    keeper.batch_made(40 << 20)
+    assert calls[-1] == (-1, 128 << 20) and keeper.trim == 128 << 20
+    keeper.batch_made(3 << 30)
+    assert calls[-1] == (-1, MAX_TRIM)
+
+
+def test_the_heap_keeper_does_nothing_where_mallopt_fails():
+    from conveyor._workers.heap import HeapKeeper
+
+    calls: list[tuple[int, int]] = []
+    keeper = HeapKeeper(mallopt=lambda option, value: calls.append((option, value)) or 0)
+    keeper.batch_made(1 << 30)
+    assert calls == [(-3, 32 << 20)] and keeper.trim == 0

@@ -30,13 +30,14 @@ from .._compat import assert_never
 from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from .._transport.arena import WorkerArena
-from .._transport.codec import Encoder
+from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
 from ..collate import default_collate, default_convert, make_tensors_in_main
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, set_worker_info
 from . import parent_watch
 from .fds import InheritedFd
+from .heap import HeapKeeper
 from .inbox import Inbox
 from .protocol import (
     BatchDone,
@@ -114,6 +115,7 @@ def worker_main(
     # out of its garbage collections: each would write to every inherited object's
     # header, copying its page.
     gc.freeze()
+    heap = HeapKeeper()  # before the user's objects allocate: see heap.py
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(arena_fd.fd)
     arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes)
@@ -162,7 +164,7 @@ def worker_main(
     try:
         inbox = Inbox(tasks.fileno(), arena)
         encoder = Encoder(arena, arrays_as_tensors=as_tensors, reclaim=inbox.reclaim)
-        _serve(spec, runner, inbox, results, encoder, status)
+        _serve(spec, runner, inbox, results, encoder, status, heap)
     finally:
         # The process ends with os._exit (no atexit): close what the dataset
         # opened with conveyor.per_worker now.
@@ -176,6 +178,7 @@ def _serve(
     results: Connection,
     encoder: Encoder,
     status: StatusWriter,
+    heap: HeapKeeper,
 ) -> None:
     # The runner was made for the first epoch, whichever it is (unless restored as an
     # ended epoch left it).
@@ -220,6 +223,8 @@ def _serve(
                     first_of_epoch = False
                     reply = dataclasses.replace(reply, asked_worker_info=worker_info.consulted())
                 status.idle()
+                if isinstance(reply, BatchDone) and isinstance(reply.payload, SlotPayload):
+                    heap.batch_made(reply.payload.slot.size)
                 try:
                     send(out, reply)
                 except (BrokenPipeError, OSError):
