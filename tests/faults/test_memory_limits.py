@@ -141,3 +141,55 @@ def test_an_outliers_shared_memory_is_given_back_by_the_end_of_the_epoch(
 
     assert all(held >= 200 for held in during), during  # it did go through shared memory
     assert all(held < 16 for held in after), after  # and is back to small batches' needs
+
+
+# --- batches one after the other --------------------------------------------------------
+
+BATCHES_SCRIPT = Path(__file__).parent / "scripts" / "big_batches.py"
+
+
+def _big_batches_in_a_cgroup(
+    loader: str, start_method: str, limit: int
+) -> tuple[dict[str, Any], int]:
+    """Two 640 MiB batches through ``loader`` in a fresh cgroup of ``limit`` bytes: the
+    child's report and the group's peak (bytes)."""
+    with memory_cgroup(limit) as (group, why):
+        if group is None:
+            pytest.skip(f"no memory cgroup can be made here: {why}")
+        argv = [sys.executable, str(BATCHES_SCRIPT), loader, start_method]
+        done = subprocess.run(group.command(argv), capture_output=True, text=True, timeout=280)
+        peak, kills = group.peak_bytes(), group.oom_kills()
+    assert kills in (0, None), f"{loader}: the OOM killer struck {kills} time(s): {done.stderr}"
+    assert done.returncode == 0, f"{loader}: exit {done.returncode}: {done.stderr[-2000:]}"
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["read"] == [[float(i)] for i in range(8)], report
+    assert report["warnings"] == [], report
+    assert peak is not None, "the kernel does not report the group's peak"
+    return report, peak
+
+
+def test_two_640_mib_batches_fit_in_a_1_5_gib_memory_cgroup(
+    start_method: str, record_property: Any
+) -> None:
+    """The worker makes the second batch while the loop holds the first: two batches is
+    the least any loader needs. A slot's headroom (a quarter more than its first batch)
+    once had its pages reserved too: 2 x 800 MiB, and the OOM killer."""
+    report, peak = _big_batches_in_a_cgroup("conveyor", start_method, LIMIT)
+    record_property("cgroup peak MiB", peak // MIB)
+    record_property("main peak MiB", report["main_peak_mib"])
+
+
+@pytest.mark.torch
+def test_two_640_mib_batches_take_no_more_memory_than_with_torch(
+    start_method: str, record_property: Any
+) -> None:
+    """The whole tree's peak, each loader in a group with room to spare (torch itself
+    comes within 100 MiB of 1.5 GiB: a tighter group would measure its reclaim)."""
+    pytest.importorskip("torch", reason="the comparison needs torch's loader")
+    roomy = 3 * LIMIT // 2
+    _, peak = _big_batches_in_a_cgroup("conveyor", start_method, roomy)
+    _, torch_peak = _big_batches_in_a_cgroup("torch", start_method, roomy)
+    record_property("conveyor cgroup peak MiB", peak // MIB)
+    record_property("torch cgroup peak MiB", torch_peak // MIB)
+    # The same two batches, plus conveyor's own modules: a few MiB either way.
+    assert peak <= torch_peak + 16 * MIB, (peak // MIB, torch_peak // MIB)

@@ -84,7 +84,7 @@ def test_exhausted_memory_is_an_error_naming_the_size(monkeypatch):
     with pytest.raises(SharedMemoryExhaustedError) as caught:
         arena.acquire(9_633_792)  # one 64-image batch
     message = str(caught.value)
-    assert "11.5 MiB" in message  # the slot it tried to reserve (with headroom)
+    assert "9.2 MiB" in message  # the batch it tried to reserve
     assert "lower batch_size, prefetch_factor or num_workers" in message
     assert isinstance(caught.value, MemoryError)
 

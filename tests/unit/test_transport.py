@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from conveyor._transport.arena import (
     MAX_RUN_AHEAD,
+    PAGE,
     RUN_AHEAD_BYTES,
     MainArena,
     SlotInfo,
+    SlotLease,
     WorkerArena,
     create_arena_fd,
+    round_up,
     run_ahead,
 )
 from conveyor._transport.codec import Decoder, Encoder, InlinePayload, SlotPayload
@@ -416,3 +421,29 @@ def test_the_heap_keeper_does_nothing_where_mallopt_fails():
     keeper = HeapKeeper(mallopt=lambda option, value: calls.append((option, value)) or 0)
     keeper.batch_made(1 << 30)
     assert calls == [(-3, 32 << 20)] and keeper.trim == 0
+
+
+def test_a_slots_pages_are_reserved_as_batches_reach_them() -> None:
+    """A slot keeps a quarter more than its first batch for larger ones: that headroom
+    costs address space, not memory, until a batch writes there."""
+    fd = create_arena_fd(0)
+    arena = WorkerArena(fd, max_slots=2)
+    arena.status_page[0] = 0  # in use in a worker: its page is there
+
+    def reserved() -> int:
+        return os.fstat(fd).st_blocks * 512 - PAGE  # less the status page
+
+    acquired = arena.acquire(600_000)
+    assert acquired is not None
+    slot, view = acquired
+    assert slot.size == round_up(750_000)
+    assert reserved() == round_up(600_000)
+    lease = SlotLease(slot, view, arena=arena, reserved=600_000)
+    assert lease.allocate(600_000) is not None
+    assert lease.allocate(100_000) is not None  # into the headroom: reserved now
+    assert reserved() == round_up(700_000 + 64)  # (the second array starts aligned)
+    del lease, view, acquired
+    arena.release((slot.slot_id,))
+    again = arena.acquire(740_000)  # the same slot, for a larger batch
+    assert again is not None and again[0].slot_id == slot.slot_id
+    assert reserved() == round_up(740_000)

@@ -6,6 +6,10 @@ holding it exits, even after SIGKILL). The worker grows the file and carves
 page-aligned *slots* out of it; a slot holds one batch and is reused once the
 main process says every array of that batch has been garbage collected.
 
+A slot's pages are reserved (``fallocate``) as batches reach them, not for its whole
+size: the headroom a slot keeps for larger batches costs address space, not memory, so
+two 640 MiB batches take 1.25 GiB, not twice a 800 MiB slot (over a 1.5 GiB limit).
+
 Slots never move or shrink, so each side maps a slot once and keeps the map. A free
 slot can be *retired* instead: one far larger than the batches of late (an outlier's),
 or the largest free one when batches outgrew every free slot. Its pages go back to the
@@ -93,6 +97,7 @@ class WorkerArena:
         self._slots: dict[int, SlotInfo] = {}
         self._maps: dict[int, np.ndarray] = {}
         self._addresses: dict[int, int] = {}  # where each slot is mapped here
+        self._reserved: dict[int, int] = {}  # bytes of each slot whose pages are reserved
         self._free: set[int] = set()
         self._budgeted: set[int] = set()  # slots counted against the run-ahead budget
         self._holders: dict[int, set[str]] = {}  # leased slots: who still uses each
@@ -159,6 +164,7 @@ class WorkerArena:
             if budgeted:
                 self._budgeted.add(best.slot_id)
         else:
+            self.reserve(best.slot_id, nbytes)
             self._free.discard(best.slot_id)
         self._holders[best.slot_id] = {_MAIN, _WORKER}
         # A lease-private base: every array collate makes in the slot is a view of
@@ -169,6 +175,31 @@ class WorkerArena:
         # A plain weak reference with a callback: far cheaper per batch than finalize.
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
+
+    def reserve(self, slot_id: int, nbytes: int) -> None:
+        """Make sure the first ``nbytes`` of a slot have their pages (a batch writes
+        there): the kernel says now if memory is short, rather than a fault later."""
+        reserved = self._reserved[slot_id]
+        if nbytes <= reserved:
+            return
+        slot = self._slots[slot_id]
+        end = min(round_up(nbytes), slot.size)
+        try:
+            os.posix_fallocate(self._fd, slot.offset + reserved, end - reserved)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise self._exhausted(end - reserved, exc) from exc
+            raise
+        self._reserved[slot_id] = end
+
+    def _exhausted(self, size: int, exc: OSError) -> SharedMemoryExhaustedError:
+        held = sum(self._reserved.values())
+        return SharedMemoryExhaustedError(
+            f"Could not reserve {size / 2**20:.1f} MiB of shared memory for a batch "
+            f"(this worker already holds {held / 2**20:.1f} MiB): {exc.strerror}. "
+            "Fix: lower batch_size, prefetch_factor or num_workers, or give the "
+            "machine or container more memory."
+        )
 
     def address(self, slot_id: int) -> int:
         """Where a slot is mapped in this process (asked once per batch: cached)."""
@@ -221,25 +252,23 @@ class WorkerArena:
         self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
         self._addresses.pop(slot_id, None)
         self._watch.pop(slot_id, None)
+        self._reserved.pop(slot_id, None)
         _punch_hole(self._fd, slot.offset, slot.size)
         self._retired.append(slot_id)
 
     def _grow(self, nbytes: int) -> SlotInfo:
         size = _slot_size(nbytes)
         offset = self._end
+        reserved = min(round_up(nbytes), size)
         try:
             os.ftruncate(self._fd, offset + size)
-            # Reserve the pages now: running out later would be a SIGBUS.
-            os.posix_fallocate(self._fd, offset, size)
+            # Reserve the batch's pages now (the headroom as batches reach it, see
+            # reserve): running out later would be a fault, not an error.
+            os.posix_fallocate(self._fd, offset, reserved)
         except OSError as exc:
             os.ftruncate(self._fd, offset)
             if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                raise SharedMemoryExhaustedError(
-                    f"Could not reserve {size / 2**20:.1f} MiB of shared memory for a batch "
-                    f"(this worker already holds {offset / 2**20:.1f} MiB): {exc.strerror}. "
-                    "Fix: lower batch_size, prefetch_factor or num_workers, or give the "
-                    "machine or container more memory."
-                ) from exc
+                raise self._exhausted(reserved, exc) from exc
             raise
         slot = SlotInfo(self._next_id, offset, size)
         try:
@@ -250,6 +279,7 @@ class WorkerArena:
         self._end = offset + size
         self._next_id += 1
         self._slots[slot.slot_id] = slot
+        self._reserved[slot.slot_id] = reserved
         self._maps[slot.slot_id] = view
         self._addresses[slot.slot_id] = view.ctypes.data
         return slot
@@ -401,18 +431,36 @@ class SlotLease:
     already inside the slot stay where they are, the rest are copied after.
     """
 
-    def __init__(self, slot: SlotInfo, view: np.ndarray, address: int | None = None) -> None:
+    def __init__(
+        self,
+        slot: SlotInfo,
+        view: np.ndarray,
+        address: int | None = None,
+        arena: WorkerArena | None = None,
+        reserved: int | None = None,
+    ) -> None:
+        """``arena`` reserves pages past the first ``reserved`` bytes as they are
+        written (without one, the whole slot is taken as reserved)."""
         self.slot = slot
         self.view = view
         self.used = 0
         # The slot's address in this process (the arena knows it: asking the view
         # costs a microsecond, once per batch).
         self.base = view.ctypes.data if address is None else address
+        self._arena = arena
+        self._reserved = slot.size if reserved is None or arena is None else reserved
+
+    def _reach(self, end: int) -> None:
+        """Bytes up to ``end`` are about to be written: their pages must be reserved."""
+        if end > self._reserved and self._arena is not None:
+            self._arena.reserve(self.slot.slot_id, end)
+            self._reserved = end
 
     def allocate(self, nbytes: int) -> np.ndarray | None:
         start = self.used
         if start + nbytes > self.slot.size:
             return None
+        self._reach(start + nbytes)
         self.used = align(start + nbytes)
         return self.view[start : start + nbytes]
 
@@ -426,6 +474,7 @@ class SlotLease:
                 offset = self.used
                 if offset + nbytes > self.slot.size:
                     return None
+                self._reach(offset + nbytes)
                 self.view[offset : offset + nbytes] = array.reshape(-1).view(np.uint8)
                 self.used = align(offset + nbytes)
             layout.append((offset, nbytes))
@@ -442,6 +491,7 @@ class SlotLease:
                 offset = self.used
                 if offset + nbytes > self.slot.size:
                     return None
+                self._reach(offset + nbytes)
                 self.view[offset : offset + nbytes] = source
                 self.used = align(offset + nbytes)
             layout.append((offset, nbytes))

@@ -261,7 +261,7 @@ class Encoder:
         if acquired is None:
             return None
         slot, view = acquired
-        return SlotLease(slot, view, self.arena.address(slot.slot_id))
+        return SlotLease(slot, view, self.arena.address(slot.slot_id), self.arena, nbytes)
 
 
 class _Collating:
