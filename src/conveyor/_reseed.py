@@ -16,9 +16,11 @@ import random
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from ._scope import GLOBAL_GENERATORS
 from .errors import ConfigError
 
 __all__ = ["RESEED", "Reseed", "check_reseed", "kept_global_rngs"]
@@ -49,17 +51,10 @@ def seed_for(base_seed: int, epoch: int, position: int, stream: int) -> int:
     return _mix(_mix(_mix((base_seed & _MASK64) ^ stream) ^ epoch) ^ position)
 
 
-def seed_all(seed: int) -> None:
-    """Seed ``random``, NumPy's global RNG and (if imported) torch's CPU generator.
+class Seedable(Protocol):
+    """What a reseed seeds: a worker core's generators (its scope), or the process's."""
 
-    ``torch.default_generator.manual_seed`` rather than ``torch.manual_seed``: the
-    latter also visits every accelerator backend, about 100 times slower, once per
-    sample with ``reseed="sample"``; data-loading workers draw on the CPU."""
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.default_generator.manual_seed(seed)
+    def seed(self, seed: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -71,20 +66,23 @@ class Reseed:
     epoch: int
     seq: int  # the batch's position
     first_sample: int  # the position of its first sample
+    generators: Seedable = GLOBAL_GENERATORS
 
     def before_batch(self, items: bool = False) -> None:
         """``items``: an iterable dataset, whose samples have no position of their own
         (it draws as it goes): seeded per batch in both modes."""
         if self.mode == "batch" or items:
-            seed_all(seed_for(self.base_seed, self.epoch, self.seq, _BATCH))
+            self.generators.seed(seed_for(self.base_seed, self.epoch, self.seq, _BATCH))
 
     def before_sample(self, offset: int) -> None:
         if self.mode == "sample":
-            seed_all(seed_for(self.base_seed, self.epoch, self.first_sample + offset, _SAMPLE))
+            position = self.first_sample + offset
+            self.generators.seed(seed_for(self.base_seed, self.epoch, position, _SAMPLE))
 
     def before_collate(self) -> None:
         if self.mode == "sample":
-            seed_all(seed_for(self.base_seed, self.epoch, self.first_sample, _COLLATE))
+            position = self.first_sample
+            self.generators.seed(seed_for(self.base_seed, self.epoch, position, _COLLATE))
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from conveyor import _collate_errors as _err
-from conveyor import _torch
+from conveyor import _scope, _torch
 from conveyor._collate_errors import collate_context
 
 torch: Any = _torch.load()  # None without torch, or in a worker that defers it
@@ -302,25 +302,29 @@ _DEFERRED = _DeferredLeaves()
 _DEFAULT: _Leaves = _NUMPY
 
 
-_tensors_made_by_main = False
-
-
 def make_tensors_in_main(enabled: bool) -> None:
     """In a worker: stack into NumPy wherever that is exactly torch's result.
 
     The worker's transport then marks the arrays, and the main process makes
     the tensors while unpickling (``torch.from_numpy``, no copy): building
     tensors here only to take them apart for sending would cost more than
-    the stacking itself for small samples.
+    the stacking itself for small samples. Set for the current worker core only.
     """
-    global _tensors_made_by_main
-    _tensors_made_by_main = enabled
+    scope = _scope.current()
+    if scope is None:
+        raise RuntimeError("make_tensors_in_main is for a worker core's own scope")
+    scope.tensors_in_main = enabled
+
+
+def _tensors_in_main() -> bool:
+    scope = _scope.current()
+    return scope is not None and scope.tensors_in_main
 
 
 def _default_leaves() -> _Leaves:
     if torch is None and "torch" in sys.modules:
         _adopt_torch()  # the user's code imported torch: recognise its tensors
-    if _tensors_made_by_main:
+    if _tensors_in_main():
         return _DEFERRED
     if torch is None:
         # Called from a user's own collate_fn in a worker deferring torch: the
@@ -443,7 +447,7 @@ def default_convert(data: Any) -> Any:
     Without torch installed, leaves are returned as they are (so does a worker
     that defers torch: the main process makes the tensors as it unpickles).
     """
-    if torch is None and not _tensors_made_by_main:
+    if torch is None and not _tensors_in_main():
         _adopt_torch()
     if torch is not None:
         if isinstance(data, torch.Tensor):

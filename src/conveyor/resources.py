@@ -31,6 +31,9 @@ from collections.abc import Callable
 from multiprocessing import util as mp_util
 from typing import Any, Generic, TypeVar
 
+from . import _scope
+from ._scope import WorkerScope
+
 __all__ = ["PerWorker", "close_all", "per_worker"]
 
 T = TypeVar("T")
@@ -38,19 +41,21 @@ _EXIT_PRIORITY = 100  # multiprocessing runs higher priorities first at process 
 
 
 class _Handle:
-    """One PerWorker's open resource; shared with its finalizer, never with its copies."""
+    """One PerWorker's open resources in this process, one per worker core that asked
+    (a core's scope; None outside any worker); shared with its finalizer, never with
+    its copies."""
 
-    __slots__ = ("__weakref__", "close", "label", "pid", "resource")
+    __slots__ = ("__weakref__", "close", "label", "pid", "resources")
 
     def __init__(self, close: Callable[[Any], object], label: str) -> None:
         self.close = close
         self.label = label
-        self.pid: int | None = None  # the process that opened ``resource``
-        self.resource: Any = None
+        self.pid: int | None = None  # the process that opened ``resources``
+        self.resources: dict[WorkerScope | None, Any] = {}
 
 
-# Handles this process opened, oldest first (closed newest first). A forked
-# child inherits the parent's entries: they carry the parent's pid and are skipped.
+# Handles with resources open in this process, oldest first (closed newest first). A
+# forked child inherits the parent's entries: they carry the parent's pid and are skipped.
 _open: dict[int, _Handle] = {}
 # Resources a forked child inherited: never used, never closed, kept alive so
 # that no destructor runs on the parent's connection in the child.
@@ -58,6 +63,7 @@ _inherited: list[Any] = []
 _lock = threading.RLock()  # opening may itself use another PerWorker: reentrant
 _exit_hook_pid: int | None = None
 _pid = os.getpid()  # cached: os.getpid() is a system call, get() runs once per sample
+_MISSING = object()
 
 
 def _after_fork_in_child() -> None:
@@ -108,42 +114,42 @@ class PerWorker(Generic[T]):
         weakref.finalize(self, _finalize, self._handle)
 
     def get(self) -> T:
-        """This process's resource, opened now if this process has not opened it yet."""
+        """This worker's resource, opened now if this worker has not opened it yet."""
         handle = self._handle
         if handle.pid == _pid:
-            resource: T = handle.resource
-            return resource
+            resource = handle.resources.get(_scope.current(), _MISSING)
+            if resource is not _MISSING:
+                return resource  # type: ignore[no-any-return, unused-ignore]
         return self._open()
 
     __call__ = get
 
     def _open(self) -> T:
         handle = self._handle
+        scope = _scope.current()
         with _lock:
-            pid = _pid
-            if handle.pid == pid:  # another thread opened it meanwhile
-                resource: T = handle.resource
+            if handle.pid == _pid and scope in handle.resources:
+                resource: T = handle.resources[scope]  # another thread opened it meanwhile
                 return resource
-            if handle.pid is not None:
-                # Copied here by fork: the parent's handle is the parent's.
-                _inherited.append(handle.resource)
-                handle.pid = None
-                handle.resource = None
+            if handle.pid != _pid and handle.resources:
+                # Copied here by fork: the parent's resources are the parent's.
+                _inherited.extend(handle.resources.values())
+                handle.resources = {}
             resource = self._factory(*self._args, **self._kwargs)
-            handle.resource = resource
-            handle.pid = pid  # last: get() reads pid first, without the lock
+            handle.resources[scope] = resource
+            handle.pid = _pid
             _open[id(handle)] = handle
             _close_at_exit()
         return resource
 
     @property
     def is_open(self) -> bool:
-        """Whether this process has the resource open."""
-        return self._handle.pid == _pid
+        """Whether this worker (or the main process, outside workers) has it open."""
+        return self._handle.pid == _pid and _scope.current() in self._handle.resources
 
     def close(self) -> None:
-        """Close this process's resource, if open; the next ``get()`` reopens it."""
-        _close_handle(self._handle)
+        """Close this worker's resource, if open; the next ``get()`` reopens it."""
+        _close_handle(self._handle, _scope.current())
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PerWorker, (self._factory, self._args, self._kwargs, self._close))
@@ -151,7 +157,8 @@ class PerWorker(Generic[T]):
     def __repr__(self) -> str:
         arguments = [repr(a) for a in self._args]
         arguments += [f"{k}={v!r}" for k, v in self._kwargs.items()]
-        state = f"open in pid {_pid}" if self.is_open else "not open in this process"
+        where = "this process" if _scope.current() is None else "this worker"
+        state = f"open in pid {_pid}" if self.is_open else f"not open in {where}"
         return f"<PerWorker {self._handle.label}({', '.join(arguments)}): {state}>"
 
 
@@ -175,8 +182,9 @@ def per_worker(
     return PerWorker(factory, args, kwargs, close)
 
 
-def close_all() -> None:
-    """Close every resource this process opened, newest first.
+def close_all(everyone: bool = False) -> None:
+    """Close every resource this worker opened, newest first (``everyone``: every
+    worker's in this process, as at process exit).
 
     Runs when a worker leaves its loop and at process exit. Worker processes
     end with ``os._exit``, which skips ``atexit``; multiprocessing still runs
@@ -184,12 +192,18 @@ def close_all() -> None:
     also runs in torch's workers. A failure to close one resource is printed
     to stderr and the others are still closed.
     """
-    pid = _pid
+    pid, scope = _pid, _scope.current()
     with _lock:
-        mine = [handle for handle in _open.values() if handle.pid == pid]
-    for handle in reversed(mine):
+        mine = [
+            (handle, owner)
+            for handle in _open.values()
+            if handle.pid == pid
+            for owner in list(handle.resources)
+            if everyone or owner is scope
+        ]
+    for handle, owner in reversed(mine):
         try:
-            _close_handle(handle)
+            _close_handle(handle, owner)
         except Exception:
             print(
                 f"conveyor: closing the per-worker resource {handle.label} in process "
@@ -199,23 +213,24 @@ def close_all() -> None:
             )
 
 
-def _close_handle(handle: _Handle) -> None:
+def _close_handle(handle: _Handle, scope: WorkerScope | None) -> None:
     with _lock:
-        if handle.pid != _pid:
+        if handle.pid != _pid or scope not in handle.resources:
             return
-        resource = handle.resource
-        handle.pid = None
-        handle.resource = None
-        _open.pop(id(handle), None)
+        resource = handle.resources.pop(scope)
+        if not handle.resources:
+            _open.pop(id(handle), None)
     handle.close(resource)
 
 
 def _finalize(handle: _Handle) -> None:
     """The PerWorker was garbage collected (or the interpreter is exiting)."""
     if handle.pid is not None and handle.pid != _pid:
-        _inherited.append(handle.resource)  # the parent's: don't run its destructor here
+        # The parent's: don't run their destructors here.
+        _inherited.extend(handle.resources.values())
         return
-    _close_handle(handle)
+    for scope in list(handle.resources):
+        _close_handle(handle, scope)
 
 
 def _close_at_exit() -> None:
@@ -228,7 +243,7 @@ def _close_at_exit() -> None:
     global _exit_hook_pid
     if _exit_hook_pid != _pid:
         _exit_hook_pid = _pid
-        mp_util.Finalize(None, close_all, exitpriority=_EXIT_PRIORITY)
+        mp_util.Finalize(None, close_all, args=(True,), exitpriority=_EXIT_PRIORITY)
 
 
 def _looks_open(factory: object) -> bool:

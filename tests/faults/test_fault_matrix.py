@@ -79,6 +79,7 @@ from conveyor import (
     WorkerTimeoutError,
 )
 from conveyor._workers import pool as pool_module
+from conveyor._workers import teardown as teardown_steps
 from tests.helpers import leaks
 from tests.helpers.interrupts import in_pool_teardown, open_fds
 from tests.helpers.sync import Mailbox, post
@@ -560,7 +561,7 @@ def test_interrupt_during_teardown_is_held_back_until_nothing_is_left(
         assert next(it) == [0, 1]
         watched.append(psutil.Process(int(box.wait())))  # in dataset[3] now: busy
         interrupt_once(pool_module.WorkerPool, "wait")
-        interrupt_once(pool_module, "_wait_for_stop")
+        interrupt_once(teardown_steps, "_wait_for_stop")
         with pytest.raises(Interrupted) as info:
             next(it)
         del it

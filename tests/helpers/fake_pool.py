@@ -12,6 +12,7 @@ instead of hanging: a real pool would block forever there.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 from collections import deque
@@ -19,20 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conveyor._task import Collated, Exhausted, Failed, NothingLeft, TaskRunner
-from conveyor._transport.codec import InlinePayload
+from conveyor._transport.codec import InlinePayload, dumps
+from conveyor._workers.api import Abilities
+from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
 from conveyor._workers.events import Died, PoolEvent, Received
-from conveyor._workers.loop import UserObjects, WorkerSpec, _sent
-from conveyor._workers.protocol import (
-    BatchDone,
-    IterationEnded,
-    Ready,
-    Stage,
-    Task,
-    TaskFailed,
-)
-from conveyor._workers.remote_error import capture
-from conveyor._workers.status import WorkerStatus
+from conveyor._workers.protocol import Ready, SeedPipe, Stage, StartupFailed, Task
+from conveyor._workers.status import MemoryStatus, WorkerStatus
 from conveyor.config import StartMethod
 
 IDLE = WorkerStatus(-1, -1, None, -1, 0.0)
@@ -42,14 +35,53 @@ class WouldHang(AssertionError):
     """The loop waited without a deadline while no worker could ever answer."""
 
 
+class _PickledTransport:
+    """Batches cross as a pickle, as they would cross a pipe (no shared memory)."""
+
+    arrays_as_tensors = False
+
+    def collating(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def encode(self, batch: Any) -> InlinePayload:
+        return InlinePayload(dumps(batch, arrays_as_tensors=self.arrays_as_tensors))
+
+    def release(self, released: tuple[int, ...]) -> None:
+        pass  # no slots
+
+    def trim(self) -> None:
+        pass
+
+
+class _Handle:
+    """A received batch: unpickled when the loop opens it."""
+
+    slot_bytes = 0
+    slots_exhausted = False
+    held_in_worker = 0
+
+    def __init__(self, pool: FakePool, payload: InlinePayload) -> None:
+        self._pool = pool
+        self._payload = payload
+
+    def open(self) -> Any:
+        return pickle.loads(self._payload.data)
+
+    def discard(self) -> None:
+        self._pool.discarded += 1
+
+    def batches_alive(self) -> int:
+        return 0  # batches travel inline: no slot is held
+
+
 @dataclass
 class _FakeWorker:
     worker_id: int
     pid: int
-    runner: TaskRunner
+    core: WorkerCore
+    first: Ready | StartupFailed
     queue: deque[tuple[int, Task]] = field(default_factory=deque)
     ready_sent: bool = False
-    epoch: int | None = None  # the runner was made for the first epoch, whichever it is
 
 
 class FakePool:
@@ -84,15 +116,10 @@ class FakePool:
         FakePool.instances.append(self)
 
     def _make(self, spec: WorkerSpec) -> _FakeWorker:
-        runner = TaskRunner(
-            self.user.dataset,
-            iterable=spec.iterable,
-            auto_collation=spec.auto_collation,
-            collate_fn=self.user.collate_fn,
-            drop_last=spec.drop_last,
-            skip_errors=spec.skip_errors,
-        )
-        return _FakeWorker(spec.worker_id, next(self._pids), runner)
+        """A worker as its process would make it: a core, started (its Ready, or the
+        error of its worker_init_fn, is its first message)."""
+        core = WorkerCore(spec, self.user, _PickledTransport(), MemoryStatus(), owns_process=False)
+        return _FakeWorker(spec.worker_id, next(self._pids), core, core.start())
 
     # --- the Pool protocol ----------------------------------------------------------
 
@@ -100,21 +127,26 @@ class FakePool:
     def num_workers(self) -> int:
         return len(self.workers)
 
+    @property
+    def abilities(self) -> Abilities:
+        return Abilities(inspect=self, kill=self.kill)
+
     def pids(self) -> list[int | None]:
         return [w.pid for w in self.workers]
 
-    def send(self, worker_id: int, task: Task) -> None:
-        self.sent.append((worker_id, task))
-        self.workers[worker_id].queue.append((next(self._order), task))
-
-    def send_releases(self) -> None:
-        pass  # the fake transport has no slots
+    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
+        if isinstance(message, SeedPipe):
+            self.specs[worker_id] = replace(self.specs[worker_id], pipe_seed=message.seed)
+            self.workers[worker_id].core.handle(message)
+            return
+        self.sent.append((worker_id, message))
+        self.workers[worker_id].queue.append((next(self._order), message))
 
     def wait(self, timeout: float | None) -> list[PoolEvent]:
         for worker in self.workers:
             if not worker.ready_sent:
                 worker.ready_sent = True
-                return [Received(worker.worker_id, Ready(worker.worker_id, worker.pid), worker)]
+                return [Received(worker.worker_id, worker.first)]
         if self._deaths:
             return [self._death(self._deaths.pop(0), exitcode=-9, status=IDLE)]
         waiting = [w for w in self.workers if w.queue and w.worker_id not in self.held]
@@ -133,41 +165,27 @@ class FakePool:
     def status(self, worker_id: int) -> WorkerStatus:
         return self.stalled.get(worker_id, IDLE) if worker_id in self.held else IDLE
 
-    def decode(self, origin: Any, payload: Any) -> Any:
-        assert isinstance(payload, InlinePayload)
-        return pickle.loads(payload.data)
-
-    def discard(self, origin: Any, payload: Any) -> None:
-        self.discarded += 1
-
-    def batches_alive(self, origin: Any) -> int:
-        return 0  # batches travel inline: no slot is held
-
-    def replace(self, worker_id: int) -> None:
+    def restart(self, worker_id: int) -> None:
         self.replaced.append(worker_id)
+        self.workers[worker_id].core.close()
         self.workers[worker_id] = self._make(self.specs[worker_id])
-
-    def seed_pipes(self, seed: int) -> None:
-        self.specs = [replace(spec, pipe_seed=seed) for spec in self.specs]
 
     def kill(self, worker_id: int) -> None:
         self.killed.append(worker_id)
         self._deaths.append(worker_id)
         self.held.discard(worker_id)
 
-    def dump_stacks(self, worker_id: int, timeout: float = 2.0) -> str:
+    def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
         return f"  File 'fake.py', line 1 in worker {worker_id}"
 
     def close(self) -> None:
+        for worker in self.workers:
+            worker.core.close()
         self.closed = True
 
     # --- running a task -------------------------------------------------------------
 
     def _run(self, worker: _FakeWorker, task: Task) -> PoolEvent:
-        if task.epoch != worker.epoch:
-            if worker.epoch is not None:
-                worker.runner.new_epoch()
-            worker.epoch = task.epoch
         for position, index in enumerate(_indices(task.index, worker)):
             if index in self.kill_once and index not in task.exclude:
                 status = WorkerStatus(task.epoch, task.seq, Stage.FETCH, -1, 0.0)
@@ -181,21 +199,14 @@ class FakePool:
                 traced = position if task.trace else -1
                 status = WorkerStatus(task.epoch, task.seq, Stage.FETCH, traced, 0.0)
                 return self._death(worker.worker_id, self.kill_at[index], status)
-        outcome = worker.runner.run(task.index, exclude=task.exclude, trace=task.trace)
-        reply: BatchDone | TaskFailed | IterationEnded
-        match outcome:
-            case Collated(batch=batch, left_out=left_out):
-                payload = InlinePayload(pickle.dumps(batch, protocol=5))
-                if task.seq in self.undecodable:
-                    payload = InlinePayload(pickle.dumps(_Undecodable(), protocol=5))
-                reply = BatchDone(task.epoch, task.seq, payload, _sent(left_out), busy_s=0.01)
-            case NothingLeft(left_out=left_out):
-                reply = BatchDone(task.epoch, task.seq, None, _sent(left_out), busy_s=0.01)
-            case Failed(stage=stage, error=error):
-                reply = TaskFailed(task.epoch, task.seq, stage, capture(error))
-            case Exhausted():
-                reply = IterationEnded(task.epoch, task.seq)
-        return Received(worker.worker_id, reply, worker)
+        reply = worker.core.handle(task)
+        assert reply is not None and reply is not STOP
+        payload = getattr(reply, "payload", None)
+        if payload is None:
+            return Received(worker.worker_id, reply)
+        if task.seq in self.undecodable:
+            payload = InlinePayload(pickle.dumps(_Undecodable(), protocol=5))
+        return Received(worker.worker_id, reply, _Handle(self, payload))
 
     def _death(self, worker_id: int, exitcode: int, status: WorkerStatus) -> Died:
         worker = self.workers[worker_id]
@@ -204,9 +215,10 @@ class FakePool:
 
 
 def _indices(index: Any, worker: _FakeWorker) -> list[Any]:
-    if worker.runner.iterable:
+    spec = worker.core.spec
+    if spec.iterable:
         return []
-    return list(index) if worker.runner.auto_collation else [index]
+    return list(index) if spec.auto_collation else [index]
 
 
 class _Undecodable:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import typing
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,12 +16,14 @@ from conveyor._transport.codec import InlinePayload, SlotPayload
 from conveyor._workers import wire
 from conveyor._workers.protocol import (
     BatchDone,
+    MainMessage,
     Ready,
     Release,
     SampleFailed,
     Stage,
     Stop,
     Task,
+    WorkerMessage,
 )
 from conveyor._workers.remote_error import capture
 
@@ -135,3 +139,78 @@ def test_drain_returns_what_a_dead_writer_left(pipe: tuple[int, int]) -> None:
     reader = wire.FrameReader(r)
     assert reader.drain() == [MESSAGES[4]]  # the half-written frame is dropped
     assert reader.eof
+
+
+# --- every field of every message -------------------------------------------------------
+
+_ERROR = capture(KeyError("k"))
+# A value other than its default for each field name of any message (the test below fails
+# on a message field missing here, so a field added later is tested too).
+NON_DEFAULT: dict[str, object] = {
+    "epoch": 3,
+    "seq": 9,
+    "index": [40, 41, 42],
+    "released": (1, 2),
+    "trace": True,
+    "exclude": (41,),
+    "first_sample": 17,
+    "want_state": True,
+    "consecutive": True,
+    "seed": 42,
+    "worker_id": 2,
+    "pid": 1234,
+    "state": b"state",
+    "payload": SlotPayload(SLOT, b"meta", ((0, 8), (64, 16)), (5, 6), plain=True),
+    "skipped": (SampleFailed(41, Stage.FETCH, _ERROR),),
+    "busy_s": 0.5,
+    "epoch_state": b"epoch state",
+    "asked_worker_info": False,
+    "stage": Stage.COLLATE,
+    "error": _ERROR,
+}
+
+
+def _message_classes() -> list[type]:
+    return [*typing.get_args(MainMessage), *typing.get_args(WorkerMessage)]
+
+
+def _filled(kind: type, only: set[str] | None = None) -> object:
+    """``kind`` with every field (or those in ``only``) at a non-default value."""
+    values = {}
+    for f in dataclasses.fields(kind):
+        if only is not None and f.name not in only:
+            continue
+        assert f.name in NON_DEFAULT, f"add a non-default value for {kind.__name__}.{f.name}"
+        value = NON_DEFAULT[f.name]
+        assert value != f.default, f"{kind.__name__}.{f.name}: {value!r} is its default"
+        values[f.name] = value
+    return kind(**values)
+
+
+def _round_trip(message: object) -> tuple[bytes, object]:
+    frame = wire.encode(message)
+    return bytes(frame[8:9]), wire.BodyDecoder().decode(memoryview(frame)[8:])
+
+
+@pytest.mark.parametrize("kind", _message_classes(), ids=lambda k: k.__name__)
+def test_every_field_of_every_message_round_trips(kind: type) -> None:
+    message = _filled(kind)
+    _, back = _round_trip(message)
+    assert back == message
+
+
+@pytest.mark.parametrize(
+    ("kind", "frame_kind", "fields"),
+    [
+        (Task, b"T", {f.name for f in dataclasses.fields(Task)} - {"exclude"}),
+        (BatchDone, b"B", {"epoch", "seq", "payload", "busy_s"}),
+    ],
+    ids=["Task", "BatchDone"],
+)
+def test_every_field_a_binary_form_carries_round_trips(
+    kind: type, frame_kind: bytes, fields: set[str]
+) -> None:
+    message = _filled(kind, fields)
+    sent_as, back = _round_trip(message)
+    assert sent_as == frame_kind  # the per-batch form, not a pickle
+    assert back == message

@@ -10,35 +10,33 @@ about tasks lives in the book.
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from .. import _torch
 from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
 from .._transport.arena import RUN_AHEAD_BATCH_S, run_ahead, run_ahead_bytes
-from .._transport.codec import InlinePayload, Payload, SlotPayload
-from .._workers.events import Died, PoolEvent, Received
-from .._workers.loop import UserObjects, WorkerSpec
+from .._workers.api import BatchHandle, Pool, PoolFactory
+from .._workers.core import UserObjects, WorkerSpec
+from .._workers.events import Died, Received
 from .._workers.pool import WorkerPool
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
     Ready,
+    SeedPipe,
     Stage,
     StartupFailed,
-    Task,
     TaskFailed,
 )
 from .._workers.remote_error import rebuild
-from .._workers.status import WorkerStatus
-from ..config import LoaderConfig, LoaderHistory, StartMethod
+from ..config import LoaderConfig, LoaderHistory
 from ..errors import (
     BatchesHeldWarning,
     DuplicateDataWarning,
@@ -73,32 +71,6 @@ from .rng import replayed_draw
 from .state import ResumePoint
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
-
-
-class Pool(Protocol):
-    """What the loop needs of a worker pool (``WorkerPool``; tests use a fake)."""
-
-    @property
-    def num_workers(self) -> int: ...
-    def pids(self) -> list[int | None]: ...
-    def send(self, worker_id: int, task: Task) -> None: ...
-    def send_releases(self) -> None: ...
-    def wait(self, timeout: float | None) -> list[PoolEvent]: ...
-    def status(self, worker_id: int) -> WorkerStatus: ...
-    def decode(self, origin: Any, payload: Payload) -> Any: ...
-    def batches_alive(self, origin: Any) -> int: ...
-    def discard(self, origin: Any, payload: Payload | None) -> None: ...
-    def replace(self, worker_id: int) -> None: ...
-    def seed_pipes(self, seed: int) -> None: ...
-    def kill(self, worker_id: int) -> None: ...
-    def dump_stacks(self, worker_id: int, timeout: float = 2.0) -> str: ...
-    def close(self) -> None: ...
-
-
-class PoolFactory(Protocol):
-    def __call__(
-        self, start_method: StartMethod, user: UserObjects, specs: Sequence[WorkerSpec]
-    ) -> Pool: ...
 
 
 class _TaskError(Exception):
@@ -175,7 +147,6 @@ class MultiprocessIterator:
                 auto_collation=config.auto_collation,
                 drop_last=config.drop_last,
                 max_slots=self._base_slots,
-                parent_pid=os.getpid(),
                 skip_errors=config.policy.skipping,
                 tensors_in_main=_torch.load() is not None,
                 reseed=config.reseed,
@@ -190,6 +161,7 @@ class MultiprocessIterator:
         ]
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn)
         self._pool = pool_factory(config.start_method, user, self._specs)
+        self._flush = self._pool.abilities.flush
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
         self._recheck_at = 0.0  # when the status pages must be read again (deadlines)
         # Each worker's state at the start of the epoch still to be heard (per-worker state).
@@ -291,17 +263,19 @@ class MultiprocessIterator:
             self._unreported = set(range(self._config.num_workers))
         if self._pipe_seeds is not None:
             config = self._config
-            self._pool.seed_pipes(self._pipe_seeds.draw(config.generator, config.dataset))
+            seed = SeedPipe(self._pipe_seeds.draw(config.generator, config.dataset))
+            for worker_id in range(config.num_workers):
+                self._pool.send(worker_id, seed)
         self._start_epoch(None)
 
     def statistics(self) -> LoaderStatistics:
-        return self._book.statistics(time.monotonic(), self._pool.pids())
+        return self._book.statistics(time.monotonic(), self._pids())
 
     @property
     def _workers(self) -> list[Any]:
         """The worker processes, as torch's iterator exposes them (tests and tools reach
         for ``it._workers``): real ``pid``, ``is_alive()``, ``join()``, ``exitcode``."""
-        handles = getattr(self._pool, "handles", None)
+        handles = self._pool.abilities.handles
         return handles() if handles is not None else []
 
     def _new_progress(self, worker_states: list[WorkerState] | None = None) -> Progress:
@@ -358,11 +332,10 @@ class MultiprocessIterator:
         self._stale = [0] * self._config.num_workers
         decoded = self._pin_ahead.drop() if self._pin_ahead is not None else None
         for entry in self._book.tasks.values():
-            payload = getattr(entry.reply, "payload", None)
             if entry.reply is None:
                 self._stale[entry.worker_id] += 1
-            elif payload is not None and entry is not decoded:
-                self._pool.discard(entry.origin, payload)
+            elif entry.origin is not None and entry is not decoded:
+                entry.origin.discard()
 
     def _top_up(self) -> None:
         """Send tasks until ``prefetch_factor`` per worker (plus the run-ahead small
@@ -446,7 +419,8 @@ class MultiprocessIterator:
         reply = entry.reply
         self._top_up()  # one more task per task handed out, as torch does
         # Run far ahead, the tasks that would carry freed slots may not come for a while.
-        self._pool.send_releases()
+        if self._flush is not None:
+            self._flush()
         empty = not isinstance(reply, TaskFailed) and getattr(reply, "payload", None) is None
         state = getattr(reply, "state", None)
         self.progress.handed_out(
@@ -458,8 +432,8 @@ class MultiprocessIterator:
         match reply:
             case BatchDone(payload=None) | IterationEnded():
                 return _NOTHING  # every sample left out, or an iterator ended
-            case BatchDone(payload=payload):
-                return self._decode(entry, payload)
+            case BatchDone():
+                return self._decode(entry, entry.origin)
             case TaskFailed(error=error):
                 exc = rebuild(error)
                 context = self._book.task_error_context(entry, self._pid(entry.worker_id))
@@ -469,12 +443,12 @@ class MultiprocessIterator:
             case _:
                 assert_never(reply)
 
-    def _decode(self, entry: Entry, payload: Payload) -> Any:
-        if isinstance(payload, InlinePayload) and payload.slots_exhausted:
-            self._on_slots_exhausted(entry, payload.held_in_worker)
+    def _decode(self, entry: Entry, handle: BatchHandle) -> Any:
+        if handle.slots_exhausted:
+            self._on_slots_exhausted(entry, handle)
         pinned, batch = self._pin_ahead.take(entry) if self._pin_ahead else (False, None)
         if not pinned:
-            batch = self._rebuild(entry, payload)
+            batch = self._rebuild(entry, handle)
         # Counted from the task where it says (inspecting a batch of tensors costs µs).
         samples = entry.samples_in_batch()
         self._book.delivered(entry, batch_size_of(batch) if samples is None else samples)
@@ -494,21 +468,20 @@ class MultiprocessIterator:
         entry = self._book.peek()
         if entry is None or not isinstance(entry.reply, BatchDone):
             return
-        payload = entry.reply.payload
-        if payload is None:
+        if entry.origin is None:
             return  # every sample left out: nothing to pin
         try:
-            batch = self._rebuild(entry, payload)
+            batch = self._rebuild(entry, entry.origin)
         except _TaskError as failed:
             self._pin_ahead.fail(entry, failed)  # raised when its turn comes
         else:
             self._pin_ahead.start(entry, batch)
 
-    def _rebuild(self, entry: Entry, payload: Payload) -> Any:
-        """The batch from its payload; a :class:`_TaskError` naming it if it does not
+    def _rebuild(self, entry: Entry, handle: BatchHandle) -> Any:
+        """The batch as it came; a :class:`_TaskError` naming it if it does not
         unpickle here."""
         try:
-            return self._pool.decode(entry.origin, payload)
+            return handle.open()
         except Exception as exc:
             # The batch pickled in the worker but does not unpickle here (a
             # class missing in this process, a __setstate__ that raises): it
@@ -538,7 +511,11 @@ class MultiprocessIterator:
             warnings.warn(text, DuplicateDataWarning, stacklevel=5)
 
     def _pid(self, worker_id: int) -> int | None:
-        return self._pool.pids()[worker_id]
+        return self._pids()[worker_id]
+
+    def _pids(self) -> list[int | None]:
+        inspect = self._pool.abilities.inspect
+        return inspect.pids() if inspect is not None else [None] * self._pool.num_workers
 
     # --- waiting --------------------------------------------------------------------------
 
@@ -550,14 +527,14 @@ class MultiprocessIterator:
             return
         for event in events:
             match event:
-                case Received(worker_id=worker_id, message=message, origin=origin):
-                    self._on_message(worker_id, message, origin)
+                case Received(worker_id=worker_id, message=message, batch=batch):
+                    self._on_message(worker_id, message, batch)
                 case Died():
                     self._on_death(event)
                 case _:
                     assert_never(event)
 
-    def _on_message(self, worker_id: int, message: Any, origin: Any) -> None:
+    def _on_message(self, worker_id: int, message: Any, batch: BatchHandle | None) -> None:
         match message:
             case Ready(state=state):
                 self._book.on_ready(worker_id)
@@ -568,33 +545,34 @@ class MultiprocessIterator:
             case BatchDone() | TaskFailed() | IterationEnded():
                 if message.epoch_state is not None:
                     self._reported(worker_id, message.epoch_state)
-                if not self._book.on_reply(worker_id, message, origin, time.monotonic()):
+                if not self._book.on_reply(worker_id, message, batch, time.monotonic()):
                     # A batch of an epoch the user abandoned: just free its slot.
-                    self._pool.discard(origin, getattr(message, "payload", None))
+                    if batch is not None:
+                        batch.discard()
                     self._stale[worker_id] = max(0, self._stale[worker_id] - 1)
                     return
-                self._consider_run_ahead(message)
+                self._consider_run_ahead(message, batch)
                 self._top_up()  # a worker may have room again (run-ahead)
             case _:
                 assert_never(message)
 
-    def _consider_run_ahead(self, message: Any) -> None:
+    def _consider_run_ahead(self, message: Any, batch: BatchHandle | None) -> None:
         """Let workers run ahead when this epoch's batches are small and quick.
 
         Decided when the slots' size changes, which is rarely (batches alike): how many
         tasks are out at a break then does not depend on timing, so the random draws
         of the tasks left over, and of the next epoch, repeat from run to run.
         """
-        payload = getattr(message, "payload", None)
+        slot_bytes = batch.slot_bytes if batch is not None else 0
         if (
             self._run_ahead_bytes
-            and isinstance(payload, SlotPayload)
-            and payload.slot.size != self._slot_size
+            and slot_bytes
+            and slot_bytes != self._slot_size
             and message.busy_s <= RUN_AHEAD_BATCH_S
             # Not while slots of an abandoned epoch are still to come back.
             and not any(self._stale)
         ):
-            self._slot_size = payload.slot.size
+            self._slot_size = slot_bytes
             extra = run_ahead(self._slot_size, self._base_slots, self._run_ahead_bytes)
             self._book.allow_run_ahead(extra)
 
@@ -615,7 +593,7 @@ class MultiprocessIterator:
     def _restart(self, decision: Restart) -> None:
         if self._pin_ahead is not None:
             self._pin_ahead.settle()  # a fork must not copy the pin thread mid-pin
-        self._pool.replace(decision.worker_id)
+        self._pool.restart(decision.worker_id)
         for task in decision.resend:
             self._pool.send(decision.worker_id, task)
         warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)
@@ -624,8 +602,11 @@ class MultiprocessIterator:
 
     def _workers_now(self) -> list[Busy]:
         """Every worker as its status page says now (running a task, or idle)."""
-        pids = self._pool.pids()
-        return [Busy(i, pids[i], self._pool.status(i)) for i in range(self._pool.num_workers)]
+        inspect = self._pool.abilities.inspect
+        if inspect is None:
+            return []  # nothing can be seen of them: no deadline is checked
+        pids = inspect.pids()
+        return [Busy(i, pids[i], inspect.status(i)) for i in range(self._pool.num_workers)]
 
     def _next_wake(self) -> float | None:
         """Seconds until a running task may reach ``timeout`` or the stall threshold.
@@ -648,23 +629,29 @@ class MultiprocessIterator:
         for overdue in self._book.overdue(time.monotonic(), self._workers_now()):
             match overdue:
                 case Stalled(worker_id=worker_id, report=report):
-                    stacks = self._pool.dump_stacks(worker_id) or "(unavailable)"
+                    stacks = self._stacks(worker_id) or "(unavailable)"
                     warnings.warn(
                         f"{report} Its current Python stack:\n{stacks}",
                         WorkerStallWarning,
                         stacklevel=5,
                     )
                 case TimedOut(worker_id=worker_id, error=error):
-                    stacks = self._pool.dump_stacks(worker_id)
+                    stacks = self._stacks(worker_id)
                     self._book.add_to_kill_reason(worker_id, stacks)
                     if error is not None and stacks:
                         text = f"{error.args[0]}\nThe worker's current Python stack:\n{stacks}"
                         error.args = (text,)
                     # Known stuck: kill it now. With on_timeout="restart" its death
                     # is then handled like any other; otherwise the book gives up.
-                    self._pool.kill(worker_id)
+                    kill = self._pool.abilities.kill
+                    if kill is not None:
+                        kill(worker_id)
                 case _:
                     assert_never(overdue)
+
+    def _stacks(self, worker_id: int) -> str:
+        inspect = self._pool.abilities.inspect
+        return inspect.stacks(worker_id) if inspect is not None else ""
 
     # --- reports ----------------------------------------------------------------------------
 
@@ -691,7 +678,7 @@ class MultiprocessIterator:
         error.__cause__ = exc
         return attach_worker_context(error, context)
 
-    def _on_slots_exhausted(self, entry: Entry, held_in_worker: int) -> None:
+    def _on_slots_exhausted(self, entry: Entry, handle: BatchHandle) -> None:
         """A worker found every slot in use and sent a batch through the pipe: say why,
         when it is something the user can change.
 
@@ -699,8 +686,8 @@ class MultiprocessIterator:
         worker running ahead (or batches that keep growing) can use them all without
         the loop keeping anything. Then the user is told nothing, and the run-ahead is
         withdrawn (it filled the slots; the next batch size decides it again)."""
-        held_by_loop = self._pool.batches_alive(entry.origin)
-        if not held_in_worker and held_by_loop < SLOTS_BEYOND_PREFETCH:
+        held_in_worker = handle.held_in_worker
+        if not held_in_worker and handle.batches_alive() < SLOTS_BEYOND_PREFETCH:
             self._book.allow_run_ahead(0)
             return
         self._warn_slots_exhausted(entry.worker_id, held_in_worker)

@@ -264,7 +264,8 @@ class WorkerArena:
             os.ftruncate(self._fd, offset + size)
             # Reserve the batch's pages now (the headroom as batches reach it, see
             # reserve): running out later would be a fault, not an error.
-            os.posix_fallocate(self._fd, offset, reserved)
+            if reserved:
+                os.posix_fallocate(self._fd, offset, reserved)
         except OSError as exc:
             os.ftruncate(self._fd, offset)
             if exc.errno in (errno.ENOSPC, errno.ENOMEM):

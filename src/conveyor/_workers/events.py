@@ -1,36 +1,39 @@
-"""What ``WorkerPool.wait`` reports: a worker's message, or its death, as values.
+"""What ``Pool.wait`` reports: a worker's message, or its death, as values.
 
-Kept apart from the pool so the task book can take a death as a fact without
-importing the pool's process machinery.
+Kept apart from the pools so the task book can take a death as a fact without
+importing any worker machinery.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .protocol import WorkerMessage
 from .status import WorkerStatus
 
+if TYPE_CHECKING:
+    from .api import BatchHandle
+
 
 @dataclass(frozen=True)
 class Received:
-    """A message from a worker. ``origin`` is the process that sent it: decode its
-    payload with ``WorkerPool.decode`` even after that worker was replaced."""
+    """A message from a worker; ``batch`` is a task's batch, when it has one (see
+    ``api.BatchHandle``: opened when handed out, even after its worker was replaced)."""
 
     worker_id: int
     message: WorkerMessage
-    origin: Any
+    batch: BatchHandle | None = None
 
 
 @dataclass(frozen=True)
 class Died:
-    """A worker process exited without being asked to (its messages came first)."""
+    """A worker exited without being asked to (its messages came first)."""
 
     worker_id: int
     pid: int | None
     exitcode: int | None
-    status: WorkerStatus  # its status page, read after it died
+    status: WorkerStatus  # what it was doing, read after it died
 
 
 PoolEvent = Received | Died

@@ -57,6 +57,14 @@ class Task:
     # sampler's batch): it travels as two numbers instead of a pickled list.
     consecutive: bool = False
 
+    def with_released(self, released: tuple[int, ...]) -> Task:
+        """This task carrying ``released``: every other field as it is (copied whole,
+        so a field added later is never dropped; dataclasses.replace costs several
+        µs, and this runs once per batch)."""
+        task = object.__new__(Task)
+        task.__dict__.update(self.__dict__, released=released)
+        return task
+
 
 @dataclass(frozen=True)
 class Release:

@@ -92,3 +92,36 @@ def read_status(page: memoryview) -> WorkerStatus:
     stage = _CODE_STAGES.get(f[_Field.STAGE])
     age = (time.monotonic_ns() - f[_Field.STARTED_NS]) / 1e9
     return WorkerStatus(f[_Field.EPOCH], f[_Field.SEQ], stage, f[_Field.POSITION], age)
+
+
+class MemoryStatus:
+    """A status sink in this process's memory, for cores that share it (thread workers,
+    the loop's fake pool): a status page's fields, read with :meth:`read`."""
+
+    def __init__(self) -> None:
+        self._epoch = self._seq = self._position = -1
+        self._stage: Stage | None = Stage.STARTUP
+        self._started_ns = time.monotonic_ns()
+        self.stopping = False  # set by the main side: no task not yet begun is run
+
+    def begin(self, epoch: int, seq: int) -> None:
+        self._epoch, self._seq, self._position = epoch, seq, -1
+        self._started_ns = time.monotonic_ns()
+        self._stage = Stage.FETCH
+
+    def stage(self, stage: Stage) -> None:
+        self._stage = stage
+
+    def position(self, position: int) -> None:
+        self._position = position
+
+    def idle(self) -> None:
+        self._started_ns = time.monotonic_ns()
+        self._stage = None
+
+    def stop_requested(self) -> bool:
+        return self.stopping
+
+    def read(self) -> WorkerStatus:
+        age = (time.monotonic_ns() - self._started_ns) / 1e9
+        return WorkerStatus(self._epoch, self._seq, self._stage, self._position, age)

@@ -4,13 +4,16 @@ Every message travels as one frame: an 8-byte little-endian length, then a body 
 first byte says how the rest is encoded. The two messages sent once per batch have a
 fixed binary layout (``struct``), which costs a fraction of pickling a dataclass:
 
-- ``T``: a :class:`Task` without excluded indices; its ``index`` (whatever the sampler
-  yielded) is pickled, so its types come back exactly, or, when it is a run of
-  consecutive ints (``Task.consecutive``), sent as its first value and length.
-- ``B``: a :class:`BatchDone` whose payload is a :class:`SlotPayload` and that carries
-  nothing else (no skipped samples, no state).
+- ``T``: a :class:`Task` whose other fields (excluded indices) have their defaults;
+  its ``index`` (whatever the sampler yielded) is pickled, so its types come back
+  exactly, or, when it is a run of consecutive ints (``Task.consecutive``), sent as its
+  first value and length.
+- ``B``: a :class:`BatchDone` whose payload is a :class:`SlotPayload` and whose other
+  fields (skipped samples, states) have their defaults.
 
-Every other message is pickled whole (``P``), with multiprocessing's pickler.
+Every other message is pickled whole (``P``), with multiprocessing's pickler. Which
+fields the binary forms carry is written once (``_TASK_FIELDS``, ``_BATCH_FIELDS``): a
+field added to a message later travels pickled until the binary form learns it.
 
 Readers are buffered: one ``read`` takes every frame the pipe holds, so a worker that
 has several tasks queued, or a main process with several batches waiting, pays one
@@ -19,6 +22,7 @@ system call for all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import struct
@@ -40,6 +44,25 @@ _BATCH = struct.Struct("<qqdqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
 READ_SIZE = 1 << 16
 
+# What the binary forms carry, and the fields they leave out (which must then have their
+# defaults: see encode, whose per-batch checks name them, cheaper than a loop over them).
+_CARRIED: dict[type, tuple[set[str], list[str]]] = {
+    Task: (
+        {"epoch", "seq", "index", "released", "trace", "first_sample", "want_state",
+         "consecutive"},
+        ["exclude"],
+    ),
+    BatchDone: (
+        {"epoch", "seq", "payload", "busy_s"},
+        ["skipped", "state", "epoch_state", "asked_worker_info"],
+    ),
+    SlotPayload: ({"slot", "meta", "layout", "retired", "plain"}, []),
+}  # fmt: skip
+for _kind, (_carried, _checked) in _CARRIED.items():
+    # A field added to a message and known to neither would be dropped on one path only.
+    if [f.name for f in dataclasses.fields(_kind) if f.name not in _carried] != _checked:
+        raise TypeError(f"{_kind.__name__} has a field the wire's binary form does not know")
+
 
 def encode(message: Any) -> bytes:
     """One whole frame (length included) for ``message``."""
@@ -51,6 +74,16 @@ def encode(message: Any) -> bytes:
     else:
         body = _KIND_PICKLE + bytes(ForkingPickler.dumps(message))
     return _LENGTH.pack(len(body)) + body
+
+
+def _plain_batch(message: BatchDone) -> bool:
+    return (
+        type(message.payload) is SlotPayload
+        and not message.skipped
+        and message.state is None
+        and message.epoch_state is None
+        and message.asked_worker_info is None
+    )
 
 
 def _encode_task(task: Task) -> bytes:
@@ -65,16 +98,6 @@ def _encode_task(task: Task) -> bytes:
     head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
     ids = struct.pack(f"<{len(released)}q", *released) if released else b""
     return b"".join((_KIND_TASK, head, ids, packed))
-
-
-def _plain_batch(message: BatchDone) -> bool:
-    return (
-        type(message.payload) is SlotPayload
-        and not message.skipped
-        and message.state is None
-        and message.epoch_state is None
-        and message.asked_worker_info is None
-    )
 
 
 def _encode_batch(message: BatchDone) -> bytes:
@@ -126,8 +149,10 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        payload = SlotPayload(slot, bytes(body[at:]), layout, retired, plain)
-        return BatchDone(epoch, seq, payload, (), busy)
+        payload = SlotPayload(
+            slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
+        )
+        return BatchDone(epoch=epoch, seq=seq, payload=payload, busy_s=busy)
 
 
 def _decode_task(body: memoryview) -> Task:
@@ -142,15 +167,14 @@ def _decode_task(body: memoryview) -> Task:
     else:
         index = pickle.loads(body[at:])
     return Task(
-        epoch,
-        seq,
-        index,
-        released,
-        bool(flags & _TASK_TRACE),
-        (),
-        first_sample,
-        bool(flags & _TASK_WANT_STATE),
-        consecutive,
+        epoch=epoch,
+        seq=seq,
+        index=index,
+        released=released,
+        trace=bool(flags & _TASK_TRACE),
+        first_sample=first_sample,
+        want_state=bool(flags & _TASK_WANT_STATE),
+        consecutive=consecutive,
     )
 
 

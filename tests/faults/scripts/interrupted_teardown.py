@@ -26,7 +26,7 @@ import psutil
 from tests.helpers.interrupts import in_pool_teardown, open_fds
 
 from conveyor import DataLoader
-from conveyor._workers import pool as pool_module
+from conveyor._workers import teardown as teardown_steps
 
 
 class Busy:
@@ -43,11 +43,11 @@ def ctrl_c(*_: Any) -> None:
     os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, as a terminal sends
 
 
-original_wait = pool_module._wait_for_stop
+original_wait = teardown_steps._wait_for_stop
 
 
 def wait_interrupted(*args: Any) -> None:
-    pool_module._wait_for_stop = original_wait
+    teardown_steps._wait_for_stop = original_wait
     ctrl_c()  # the second Ctrl-C comes while teardown waits for the busy workers
     original_wait(*args)
 
@@ -76,7 +76,7 @@ def main() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
-    pool_module._wait_for_stop = wait_interrupted
+    teardown_steps._wait_for_stop = wait_interrupted
     signal.signal(signal.SIGALRM, ctrl_c)
     signal.setitimer(signal.ITIMER_REAL, 0.3)  # the first Ctrl-C, while next() waits
     caught = 0

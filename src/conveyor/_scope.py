@@ -1,0 +1,163 @@
+"""What belongs to one worker core rather than to its process.
+
+A process worker runs one core per process; thread workers run several cores in one
+process (the training process, or a worker process with ``threads_per_worker``); the
+fake pool of the loop's tests runs several cores in the test's own thread, one task at
+a time. So nothing a core changes may live in a module global: its worker info,
+whether collate leaves tensors to the main process, its random generators, the
+``per_worker`` resources it opened, whether its dataset asked ``get_worker_info()``.
+They live in a :class:`WorkerScope`, which a core makes current while it runs (a
+``ContextVar``: each thread has its own value, and a core entering it for one task
+leaves it as it found it).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .worker_info import WorkerInfo
+
+__all__ = ["GLOBAL_GENERATORS", "WorkerRng", "WorkerScope", "current", "entered"]
+
+
+class WorkerRng:
+    """A worker's own generators, as torch 2.13's thread workers name them:
+    ``random_generator`` (``random.Random``), ``numpy_generator``
+    (``numpy.random.Generator``) and ``torch_generator`` (``torch.Generator``).
+
+    Seeded as the process-wide generators of a process worker are, and reseeded with
+    them (``reseed``), so code that draws from them gets the same values whichever
+    kind of worker runs it, and several thread workers never share a generator.
+
+    Each generator is made on first use, seeded with the latest seeds: seeding costs
+    (a NumPy generator's about 30 µs, once per sample with ``reseed="sample"``) only
+    where the dataset uses it, and torch is never imported for it otherwise."""
+
+    def __init__(self) -> None:
+        self._seeds: tuple[int, Any, int] = (0, 0, 0)  # python, numpy, torch
+        self._random: random.Random | None = None
+        self._numpy: np.random.Generator | None = None
+        self._torch: Any = None
+
+    def seed_each(self, python: int, numpy_seed: Any, torch_seed: int) -> None:
+        """Seed each generator as torch seeds a worker's: its own seed for each."""
+        self._seeds = (python, numpy_seed, torch_seed)
+        if self._random is not None:
+            self._random.seed(python)
+        if self._numpy is not None:
+            self._numpy.bit_generator.state = np.random.PCG64(numpy_seed).state
+        if self._torch is not None:
+            self._torch.manual_seed(torch_seed)
+
+    def seed(self, seed: int) -> None:
+        """Seed all three from one seed (``reseed``)."""
+        self.seed_each(seed, seed, seed)
+
+    @property
+    def random_generator(self) -> random.Random:
+        if self._random is None:
+            self._random = random.Random(self._seeds[0])
+        return self._random
+
+    @property
+    def numpy_generator(self) -> np.random.Generator:
+        if self._numpy is None:
+            self._numpy = np.random.Generator(np.random.PCG64(self._seeds[1]))
+        return self._numpy
+
+    @property
+    def torch_generator(self) -> Any:
+        if self._torch is None:
+            import torch
+
+            generator = torch.Generator()
+            generator.manual_seed(self._seeds[2])
+            self._torch = generator
+        return self._torch
+
+
+class _GlobalGenerators:
+    """The process's own generators: ``random``, NumPy's global ``RandomState`` and
+    torch's default CPU generator (if torch is imported), as torch's process workers
+    seed them."""
+
+    def seed_each(self, python: int, numpy_seed: Any, torch_seed: int) -> None:
+        random.seed(python)
+        np.random.seed(numpy_seed)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            # Not torch.manual_seed: that also visits every accelerator backend, about
+            # 100 times slower, once per sample with reseed="sample".
+            torch.default_generator.manual_seed(torch_seed)
+
+    def seed(self, seed: int) -> None:
+        self.seed_each(seed, seed & 0xFFFFFFFF, seed)
+
+
+GLOBAL_GENERATORS = _GlobalGenerators()
+
+
+@dataclass(eq=False)
+class WorkerScope:
+    """One core's state (see the module docstring). Compared by identity."""
+
+    info: WorkerInfo | None = None
+    # Our collate leaves tensors to the main process (see collate.make_tensors_in_main).
+    tensors_in_main: bool = False
+    # The dataset asked get_worker_info() (ours or torch's): it probably shards.
+    consulted: bool = False
+    # Whether the process-wide generators are this core's to seed (one core in its
+    # process, as torch's workers have): thread cores seed only their own.
+    owns_globals: bool = True
+    rng: WorkerRng = field(default_factory=WorkerRng)
+    torch_info: Any = None  # ``info`` as torch's own WorkerInfo, made when torch asks
+
+    def seed_each(self, python: int, numpy_seed: Any, torch_seed: int) -> None:
+        if self.owns_globals:
+            GLOBAL_GENERATORS.seed_each(python, numpy_seed, torch_seed)
+        self.rng.seed_each(python, numpy_seed, torch_seed)
+
+    def seed(self, seed: int) -> None:
+        if self.owns_globals:
+            GLOBAL_GENERATORS.seed(seed)
+        self.rng.seed(seed)
+
+
+_current: contextvars.ContextVar[WorkerScope | None] = contextvars.ContextVar(
+    "conveyor_worker_scope", default=None
+)
+
+
+def current() -> WorkerScope | None:
+    """The scope of the core running here; None outside any worker (the main process)."""
+    return _current.get()
+
+
+class entered:
+    """``with entered(scope):`` makes ``scope`` current, and the previous one after (a
+    class, not a generator: entered once per task by cores that share a thread)."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, scope: WorkerScope) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> WorkerScope:
+        self._token = _current.set(self._scope)
+        return self._scope
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
+
+
+def enter_for_good(scope: WorkerScope) -> None:
+    """Make ``scope`` current for the rest of this thread (a core that owns its thread
+    or its process)."""
+    _current.set(scope)

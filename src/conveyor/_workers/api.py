@@ -1,0 +1,124 @@
+"""The pool protocol: what the loop needs of its workers, whatever kind they are.
+
+Four verbs — :meth:`Pool.send`, :meth:`Pool.wait`, :meth:`Pool.restart`,
+:meth:`Pool.close` — and two events, :class:`Received` and :class:`Died`. What only
+some kinds of worker can do is declared in :class:`Abilities` and asked for by the
+loop: read what a worker is doing and dump its stacks (``inspect``), kill a stuck one
+(``kill``), hand freed memory back early (``flush``), show its processes the way
+torch's iterator does (``handles``).
+
+A received batch travels as a :class:`BatchHandle`: the loop opens it when the batch
+is handed out, or discards it, without knowing how it came (shared memory, a
+reference from a thread, an object store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..config import StartMethod
+from .core import UserObjects, WorkerSpec
+from .events import Died, PoolEvent, Received
+from .protocol import SeedPipe, Task
+from .status import WorkerStatus
+
+__all__ = [
+    "Abilities",
+    "BatchHandle",
+    "Died",
+    "Inspector",
+    "Pool",
+    "PoolEvent",
+    "PoolFactory",
+    "Received",
+]
+
+
+class BatchHandle(Protocol):
+    """A batch as it arrived, not yet rebuilt."""
+
+    # Transport hints, for the loop's run-ahead and its slots-held warning.
+
+    @property
+    def slot_bytes(self) -> int:
+        """The size of the shared-memory slot it lies in (0: none)."""
+        ...
+
+    @property
+    def slots_exhausted(self) -> bool:
+        """It came another way because every slot of its worker was in use."""
+        ...
+
+    @property
+    def held_in_worker(self) -> int:
+        """Of those slots, how many arrays the worker itself keeps still use."""
+        ...
+
+    def open(self) -> Any:
+        """The batch (arrays are views of the transport's memory where it has any)."""
+        ...
+
+    def discard(self) -> None:
+        """Give its memory back without rebuilding it (an abandoned epoch)."""
+        ...
+
+    def batches_alive(self) -> int:
+        """Batches of its worker's memory handed out and not yet garbage."""
+        ...
+
+
+class Inspector(Protocol):
+    """Seeing into running workers."""
+
+    def pids(self) -> list[int | None]: ...
+
+    def status(self, worker_id: int) -> WorkerStatus:
+        """What the worker is doing right now (task, stage, for how long)."""
+        ...
+
+    def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
+        """Its current Python stacks, or "" if it can't say."""
+        ...
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What a kind of worker can do beyond the four verbs (None: it can't)."""
+
+    inspect: Inspector | None = None
+    kill: Callable[[int], None] | None = None  # end a stuck worker: a Died follows
+    flush: Callable[[], None] | None = None  # hand freed memory back to workers now
+    handles: Callable[[], list[Any]] | None = None  # for code that reads iterator._workers
+
+
+class Pool(Protocol):
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def abilities(self) -> Abilities: ...
+
+    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
+        """Never blocks. To a worker that just died a task is lost: the loop re-sends
+        what a dead worker had not answered. A SeedPipe is kept for its replacement."""
+        ...
+
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
+        """Block until a worker answers or dies, or ``timeout`` passes ([])."""
+        ...
+
+    def restart(self, worker_id: int) -> None:
+        """A fresh worker in place of a dead (or killed) one: same id, same seed."""
+        ...
+
+    def close(self) -> None:
+        """Stop every worker for sure; safe to call twice."""
+        ...
+
+
+class PoolFactory(Protocol):
+    def __call__(
+        self, start_method: StartMethod, user: UserObjects, specs: Sequence[WorkerSpec]
+    ) -> Pool: ...

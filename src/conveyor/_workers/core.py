@@ -1,0 +1,351 @@
+"""The worker core: serve tasks against an inbox, an outbox and a status sink.
+
+Every kind of worker runs this: a worker process (``loop.py`` wraps it in the process's
+set-up: signals, its process group, the shared-memory arena), thread workers, remote
+workers, and the fake pool of the loop's tests. The core holds no descriptor, sends no
+signal and touches no module global: what is the worker's own (its info, generators,
+``per_worker`` resources, collate's flags) lives in its :class:`WorkerScope`, current
+while the core runs, so several cores can share a process.
+
+Workers are stateless executors of tasks (an iterable-style dataset's iterator aside).
+Every exception raised by user code is caught here with the stage it happened in and
+sent back as a value; the main process decides what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .. import _datapipes, _scope, _torch
+from .._compat import assert_never
+from .._reseed import Reseed
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from ..collate import default_collate, default_convert
+from ..resources import close_all as close_per_worker_resources
+from ..worker_info import WorkerInfo, install_in_torch
+from .protocol import (
+    BatchDone,
+    IterationEnded,
+    MainMessage,
+    Ready,
+    Release,
+    SampleFailed,
+    SeedPipe,
+    Stage,
+    StartupFailed,
+    Stop,
+    Task,
+    TaskFailed,
+    TaskReply,
+    WorkerMessage,
+)
+from .remote_error import capture
+
+
+@dataclass(frozen=True)
+class UserObjects:
+    """What the user gave us that runs in the worker."""
+
+    dataset: Any
+    collate_fn: Callable[[Any], Any]
+    worker_init_fn: Callable[[int], Any] | None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Who a worker is and how it serves, whatever kind of worker runs it."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    iterable: bool
+    auto_collation: bool
+    drop_last: bool
+    max_slots: int = 0  # shared-memory transport: slots per worker (prefetch and held)
+    skip_errors: bool = False  # on_error="skip": leave failing samples out
+    tensors_in_main: bool = False  # the main process makes the tensors (see _torch.py)
+    reseed: str = "worker"  # see conveyor._reseed
+    report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
+    resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
+    new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
+    pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
+    run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
+    worker_method: str = "multiprocessing"  # what get_worker_info() says
+
+
+class Inbox(Protocol):
+    def recv(self) -> MainMessage:
+        """The next message; blocks. EOFError (or OSError) once the main side is gone."""
+        ...
+
+
+class Outbox(Protocol):
+    def send(self, message: WorkerMessage) -> None:
+        """Raises BrokenPipeError (or OSError) once the main side is gone."""
+        ...
+
+
+class StatusSink(Protocol):
+    """Where the core says what it is doing (a process worker's status page)."""
+
+    def begin(self, epoch: int, seq: int) -> None: ...
+    def stage(self, stage: Stage) -> None: ...
+    def position(self, position: int) -> None: ...
+    def idle(self) -> None: ...
+    def stop_requested(self) -> bool: ...
+
+
+class Transport(Protocol):
+    """How a collated batch leaves the core (see conveyor._transport.codec.Encoder)."""
+
+    arrays_as_tensors: bool  # set by the core: NumPy leaves that stand for tensors
+
+    def collating(self) -> AbstractContextManager[Any]:
+        """Entered while collate runs: where stacked arrays are written."""
+        ...
+
+    def encode(self, batch: Any) -> Any:
+        """The payload for ``batch``; raises what pickling raises."""
+        ...
+
+    def release(self, released: tuple[int, ...]) -> None:
+        """The main side no longer uses these parts of the transport (slots)."""
+        ...
+
+    def trim(self) -> None: ...
+
+
+STOP = object()  # what handle() returns for a Stop: the core is done
+
+
+class WorkerCore:
+    """One worker's serving of tasks (see the module docstring).
+
+    ``owns_process``: this core is its process's only worker, as torch's workers are:
+    it seeds the process-wide generators and sets torch's threads and worker info too.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        user: UserObjects,
+        transport: Transport,
+        status: StatusSink,
+        *,
+        owns_process: bool,
+    ) -> None:
+        self.spec = spec
+        self.user = user
+        self.transport = transport
+        self.status = status
+        self._owns_process = owns_process
+        self.scope = _scope.WorkerScope(owns_globals=owns_process)
+        self.runner: TaskRunner | None = None
+        # The runner was made for the first epoch, whichever it is (unless restored as
+        # an ended epoch left it).
+        self._epoch: int | None = -1 if spec.new_epoch_first else None
+        self._first_of_epoch = True
+
+    # --- start-up ---------------------------------------------------------------------
+
+    def start(self) -> Ready | StartupFailed:
+        """Seed, run ``worker_init_fn``, restore a saved state: the first message."""
+        with _scope.entered(self.scope):
+            return self._start()
+
+    def _start(self) -> Ready | StartupFailed:
+        spec, user, scope = self.spec, self.user, self.scope
+        seed = spec.base_seed + spec.worker_id
+        scope.info = WorkerInfo(
+            spec.worker_id, spec.num_workers, seed, user.dataset, scope.rng, spec.worker_method
+        )
+        install_in_torch(scope, process_wide=self._owns_process)
+        self._seed_like_torch()
+        self.status.stage(Stage.WORKER_INIT)
+        try:
+            if spec.pipe_seed is not None:  # as torch does, before the user's worker_init_fn
+                _datapipes.seed_graph(user.dataset, spec.pipe_seed)
+                _datapipes.shard(user.dataset, spec.worker_id, spec.num_workers)
+            if user.worker_init_fn is not None:
+                user.worker_init_fn(spec.worker_id)
+        except BaseException as exc:
+            return StartupFailed(Stage.WORKER_INIT, capture(exc))
+        try:
+            resume = pickle.loads(spec.resume_state) if spec.resume_state is not None else None
+            self.runner = TaskRunner(
+                user.dataset,
+                iterable=spec.iterable,
+                auto_collation=spec.auto_collation,
+                collate_fn=user.collate_fn,
+                drop_last=spec.drop_last,
+                skip_errors=spec.skip_errors,
+                resume=resume,
+            )
+            state = self._pickled_state() if spec.report_state else None
+        except BaseException as exc:  # restoring the dataset's saved state failed
+            return StartupFailed(Stage.FETCH, capture(exc))
+        # Our own collate functions, in a worker deferring torch, return NumPy leaves
+        # that stand for tensors: mark them so the main process makes tensors.
+        as_tensors = spec.tensors_in_main and user.collate_fn in (default_collate, default_convert)
+        scope.tensors_in_main = self.transport.arrays_as_tensors = as_tensors
+        self.status.idle()
+        return Ready(spec.worker_id, os.getpid(), state)
+
+    def _seed_like_torch(self) -> None:
+        """Seed ``random``, NumPy and torch exactly as torch's workers do (the process's
+        generators, for a core that owns its process; always its own)."""
+        from ..sampling import worker_seeds
+
+        seeds = worker_seeds(self.spec.base_seed, self.spec.worker_id)
+        self.scope.seed_each(seeds.python, seeds.numpy, seeds.torch)
+        if self._owns_process:
+
+            def one_thread(torch: Any) -> None:
+                torch.manual_seed(seeds.torch)  # every device's generator, as torch seeds
+                torch.set_num_threads(1)
+
+            _torch.on_import(one_thread)  # now, or when the worker first imports torch
+
+    # --- serving ----------------------------------------------------------------------
+
+    def serve(self, inbox: Inbox, outbox: Outbox) -> None:
+        """Answer messages until a Stop, or until the main side is gone."""
+        with _scope.entered(self.scope):
+            while True:
+                try:
+                    message = inbox.recv()
+                except (EOFError, OSError):
+                    return  # the main side is gone
+                reply = self._handle(message)
+                if reply is STOP:
+                    return
+                if reply is not None:
+                    try:
+                        outbox.send(reply)
+                    except OSError:  # BrokenPipeError included
+                        return
+
+    def handle(self, message: MainMessage) -> Any:
+        """One message: its reply (a task's), None (nothing to say), or :data:`STOP`."""
+        with _scope.entered(self.scope):
+            return self._handle(message)
+
+    def close(self) -> None:
+        """What the dataset opened with ``conveyor.per_worker`` in this core is closed."""
+        with _scope.entered(self.scope):
+            close_per_worker_resources()
+
+    def _handle(self, message: MainMessage) -> Any:
+        match message:
+            case Task():
+                if self.status.stop_requested():  # teardown: the tasks queued are not wanted
+                    return STOP
+                return self._task(message)
+            case Release():
+                self.transport.release(message.released)
+                self.transport.trim()
+                return None
+            case SeedPipe():
+                _datapipes.seed_graph(self.user.dataset, message.seed)
+                return None
+            case Stop():
+                return STOP
+            case _:
+                assert_never(message)
+
+    def _task(self, task: Task) -> TaskReply:
+        spec, runner = self.spec, self.runner
+        assert runner is not None, "start() first"
+        self.transport.release(task.released)
+        epoch_state = None
+        if task.epoch != self._epoch:
+            self._first_of_epoch = True
+            if self._epoch is not None:
+                runner.new_epoch()
+                if spec.report_state:
+                    epoch_state = self._pickled_state()
+            self._epoch = task.epoch
+        self.status.begin(task.epoch, task.seq)
+        reseed = None
+        if spec.reseed != "worker":
+            where = (task.epoch, task.seq, task.first_sample)
+            reseed = Reseed(spec.reseed, spec.base_seed, *where, generators=self.scope)
+        reply = self._run(task, runner, time.perf_counter(), reseed)
+        if task.want_state or epoch_state is not None:
+            state = self._pickled_state() if task.want_state else None
+            reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
+        if spec.iterable and self._first_of_epoch and isinstance(reply, BatchDone):
+            self._first_of_epoch = False
+            reply = dataclasses.replace(reply, asked_worker_info=self.scope.consulted)
+        self.status.idle()
+        return reply
+
+    def _run(
+        self, task: Task, runner: TaskRunner, started: float, reseed: Reseed | None
+    ) -> TaskReply:
+        transport = self.transport
+        outcome = runner.run(
+            task.index,
+            exclude=task.exclude,
+            trace=task.trace,
+            progress=self.status,
+            collating=transport.collating,
+            reseed=reseed,
+        )
+        if isinstance(outcome, Collated):
+            self.status.stage(Stage.TRANSFER)
+            try:
+                payload = transport.encode(outcome.batch)
+            except Exception as exc:
+                if isinstance(exc, (pickle.PicklingError, TypeError)):
+                    # Pickling failures get the culprit's path; UnpicklableError is both
+                    # of these types, so nothing the user catches changes. Any other
+                    # exception (one a __reduce__ raised itself) keeps its own type.
+                    exc = _explain_unsendable(outcome.batch, exc, outcome.indices or [])
+                outcome = runner.batch_failed(
+                    Stage.TRANSFER, exc, outcome.indices, outcome.left_out
+                )
+            else:
+                busy = time.perf_counter() - started
+                return BatchDone(task.epoch, task.seq, payload, sent(outcome.left_out), busy)
+        match outcome:
+            case NothingLeft(left_out=left_out):
+                busy = time.perf_counter() - started
+                return BatchDone(task.epoch, task.seq, None, sent(left_out), busy)
+            case Failed(stage=stage, error=error):
+                return TaskFailed(task.epoch, task.seq, stage, capture(error))
+            case Exhausted():
+                return IterationEnded(task.epoch, task.seq)
+            case Collated():
+                raise AssertionError("unreachable: a collated batch was encoded above")
+            case _:
+                assert_never(outcome)
+
+    def _pickled_state(self) -> bytes:
+        # Plain pickle, not the pipe's: a tensor in the state travels by value, not as a
+        # shared-memory handle that would outlive this worker.
+        assert self.runner is not None
+        return pickle.dumps(self.runner.state(), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def sent(left_out: tuple[LeftOut, ...]) -> tuple[SampleFailed, ...]:
+    """Samples left out, as the main side is told of them."""
+    return tuple(SampleFailed(item.index, item.stage, capture(item.error)) for item in left_out)
+
+
+def _explain_unsendable(batch: Any, exc: Exception, indices: list[Any]) -> Exception:
+    from ..diagnostics.pickling import explain_unpicklable_sample
+
+    try:
+        explained = explain_unpicklable_sample(batch, exc, indices=indices)
+    except Exception:  # the explanation must never hide the error itself
+        return exc
+    explained.__cause__ = exc
+    return explained
