@@ -19,9 +19,16 @@ from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
 from .stateful import is_stateful
 
-__all__ = ["LoaderConfig", "LoaderHistory", "StartMethod", "SupervisionPolicy"]
+__all__ = [
+    "WORKER_METHODS",
+    "LoaderConfig",
+    "LoaderHistory",
+    "StartMethod",
+    "SupervisionPolicy",
+]
 
 ON_ERROR = ("raise", "skip")
+WORKER_METHODS = ("multiprocessing", "thread")
 ON_TIMEOUT = ("raise", "restart")
 
 
@@ -167,6 +174,27 @@ class LoaderConfig:
     reseed: str = "worker"  # see conveyor._reseed
     snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
     run_ahead: bool = True  # small batches: tasks beyond prefetch_factor (see DataLoader)
+    worker_method: str = "multiprocessing"  # or "thread": see DataLoader
+
+    def __post_init__(self) -> None:
+        if self.worker_method not in WORKER_METHODS:
+            raise ConfigError(
+                f"worker_method must be one of {WORKER_METHODS}, got {self.worker_method!r}: "
+                "'multiprocessing' runs each worker in a process (torch's default), "
+                "'thread' in a thread of this process"
+            )
+        if self.in_threads and self.policy.on_timeout == "restart":
+            raise ConfigError(
+                "on_timeout='restart' cannot work with worker_method='thread': a thread stuck "
+                "in a sample cannot be killed, so it could not be restarted. Use "
+                "on_timeout='raise' (the error names the sample and shows the thread's "
+                "stack), or worker_method='multiprocessing' to have stuck workers restarted."
+            )
+
+    @property
+    def in_threads(self) -> bool:
+        """Workers are threads of this process: nothing is pickled or forked."""
+        return self.worker_method == "thread"
 
     @property
     def dataset_keeps_state(self) -> bool:

@@ -85,6 +85,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         "snapshot_every_n_steps",
         "reseed",
         "run_ahead",
+        "worker_method",
     )
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
@@ -118,6 +119,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         snapshot_every_n_steps: int | None = 1,
         reseed: str = "worker",
         run_ahead: bool = True,
+        worker_method: str = "multiprocessing",
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -181,6 +183,12 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if not isinstance(run_ahead, bool):
             raise ConfigError(f"run_ahead must be True or False, got {run_ahead!r}")
         self.run_ahead = run_ahead
+        if worker_method == "thread" and multiprocessing_context is not None:
+            raise ConfigError(
+                f"multiprocessing_context={multiprocessing_context!r} has no meaning with "
+                "worker_method='thread': thread workers start no process. Drop one of them."
+            )
+        self.worker_method = worker_method
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -294,6 +302,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             reseed=check_reseed(self.reseed),
             snapshot_every_n_steps=self.snapshot_every_n_steps,
             run_ahead=self.run_ahead,
+            worker_method=self.worker_method,
         )
 
     @property
@@ -347,7 +356,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # The platform's default is read when iterating, as torch reads it, so a
             # set_start_method() after building the loader is honoured.
             config = dataclasses.replace(config, start_method=StartMethod.of(None))
-        if self.num_workers > 0 and self._preflight_pending:
+        if self.num_workers > 0 and self._preflight_pending and not config.in_threads:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
             # (or state_dict()) line: four frames up.
             run_automatic(config, stacklevel=4)
@@ -458,8 +467,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when asking for more workers than usable CPUs."""
-        if self.num_workers == 0:
-            return
+        if self.num_workers == 0 or self.worker_method == "thread":
+            return  # threads mostly wait (I/O) or release the GIL: more than cores is fine
         cpus = environment.affinity()  # torch counts the affinity mask too
         if self.num_workers > cpus:
             warnings.warn(

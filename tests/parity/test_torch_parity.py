@@ -977,3 +977,49 @@ def test_public_attributes_like_torch(dataset: Callable[[], Any], kwargs: dict[s
         expected, got = (type(getattr(loader, name)).__name__.lstrip("_") for loader in loaders)
         assert got == expected, f"type(loader.{name}): {got} (conveyor) != {expected} (torch)"
     assert loaders[1].dataset is data
+
+
+# --- thread workers -----------------------------------------------------------------
+
+
+def _thread_case(param: Any) -> Any:
+    """A table case with conveyor's workers as threads, or None where threads cannot
+    give torch's batches by design: a dataset drawing from the process-wide ``random``,
+    NumPy or torch generators (threads share them: draw from
+    ``get_worker_info().rng`` instead), or a start method asked for."""
+    (original,) = param.values
+    torch_kwargs = original.kwargs("torch")
+    if not torch_kwargs.get("num_workers") or "multiprocessing_context" in torch_kwargs:
+        return None
+    if torch_kwargs.get("worker_init_fn") is ds.reseed_numpy_worker_init:
+        return None
+    dataset = original.dataset()
+    if isinstance(dataset, ds.RandomDataset) or getattr(dataset, "random_values", False):
+        return None
+
+    def kwargs(side: str) -> dict[str, Any]:
+        extra = {"worker_method": "thread"} if side == "conveyor" else {}
+        return {**original.kwargs(side), **extra}
+
+    threaded = Case(original.dataset, kwargs, original.conveyor_dataset, original.epochs,
+                    original.stop_after)  # fmt: skip
+    return pytest.param(threaded, id=f"threads-{param.id}", marks=param.marks)
+
+
+def thread_cases() -> list[Any]:
+    table = [
+        *batch_size_cases(),
+        *sample_type_cases(),
+        *collate_cases(),
+        *dataset_type_cases(),
+        *sampler_cases(),
+        *iterable_cases(),
+        *worker_cases(),
+        *epoch_cases(),
+    ]
+    return [threaded for param in table if (threaded := _thread_case(param)) is not None]
+
+
+@pytest.mark.parametrize("case", thread_cases())
+def test_thread_workers_give_torchs_batches(case: Case) -> None:
+    check_parity(case)

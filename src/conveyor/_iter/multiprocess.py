@@ -36,6 +36,7 @@ from .._workers.protocol import (
     TaskFailed,
 )
 from .._workers.remote_error import rebuild
+from .._workers.threads import ThreadPool
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import (
     BatchesHeldWarning,
@@ -85,7 +86,7 @@ class MultiprocessIterator:
         self,
         config: LoaderConfig,
         history: LoaderHistory,
-        pool_factory: PoolFactory = WorkerPool,
+        pool_factory: PoolFactory | None = None,
         resume: ResumePoint | None = None,
         pin: Callable[[Any], Any] | None = None,
     ) -> None:
@@ -148,7 +149,8 @@ class MultiprocessIterator:
                 drop_last=config.drop_last,
                 max_slots=self._base_slots,
                 skip_errors=config.policy.skipping,
-                tensors_in_main=_torch.load() is not None,
+                # Worker processes leave tensors to this process (see _torch.py).
+                tensors_in_main=not config.in_threads and _torch.load() is not None,
                 reseed=config.reseed,
                 report_state=self._per_worker,
                 resume_state=restored[i] if restored is not None else None,
@@ -156,10 +158,13 @@ class MultiprocessIterator:
                 new_epoch_first=finished and restored is not None,
                 pipe_seed=pipe_seed,
                 run_ahead_bytes=self._run_ahead_bytes,
+                worker_method=config.worker_method,
             )
             for i in range(config.num_workers)
         ]
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn)
+        if pool_factory is None:
+            pool_factory = ThreadPool if config.in_threads else WorkerPool
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
