@@ -180,11 +180,9 @@ class ThreadPool:
         iterator) is this worker's. A shallow copy: the data it holds (lists, arrays,
         files) is shared, not copied. A dataset that cannot be copied is shared."""
         dataset = self._user.dataset
-        try:
+        with contextlib.suppress(Exception):
             # A DataPipe graph is sharded per worker in place: each needs the whole graph.
             dataset = copy.deepcopy(dataset) if is_datapipe(dataset) else copy.copy(dataset)
-        except Exception:
-            pass
         return dataclasses.replace(self._user, dataset=dataset)
 
     def restart(self, worker_id: int) -> None:
