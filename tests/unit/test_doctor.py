@@ -10,12 +10,15 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import conveyor
 from conveyor import Finding, Report, Severity
 from conveyor.doctor import (
     LoaderRun,
@@ -29,6 +32,9 @@ from conveyor.doctor import (
     load_target,
     render,
 )
+from conveyor.doctor.advice import method_advice
+from conveyor.doctor.measure import probe_threads
+from conveyor.doctor.profile import ThreadProbe
 
 GOOD = """
 import numpy as np
@@ -287,3 +293,56 @@ def test_the_report_fits_100_columns_with_long_findings() -> None:
     text = render(Target([1, 2, 3], "m:x"), numbers, report, advise(numbers, [finding]))
     assert max(len(line) for line in text.splitlines()) <= 100
     assert text.endswith("3 errors, 0 warnings: exit status 1")  # finding, problem, run
+
+
+# --- processes or threads -----------------------------------------------------------------
+
+
+def test_samples_that_mostly_wait_mean_many_threads() -> None:
+    text = method_advice(ThreadProbe(8, 190.0, 1480.0, cpu_share=0.02), cpus=2)
+    assert text.startswith("Samples mostly wait")
+    assert "computing 2% of the time" in text and "(7.8x)" in text
+    assert "worker_method='thread'" in text
+
+
+def test_samples_that_release_the_gil_mean_threads_as_many_as_cpus() -> None:
+    text = method_advice(ThreadProbe(8, 100.0, 190.0, cpu_share=0.98), cpus=2)
+    assert text.startswith("Samples release the GIL") and "num_workers=2" in text
+
+
+def test_samples_that_hold_the_gil_mean_processes() -> None:
+    text = method_advice(ThreadProbe(8, 100.0, 104.0, cpu_share=0.99), cpus=2)
+    assert text.startswith("Samples hold the GIL")
+    assert "worker_method='multiprocessing'" in text
+
+
+class Waits:
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> int:
+        threading.Event().wait(0.005)  # an I/O stand-in: the thread blocks
+        return i
+
+
+def test_the_thread_probe_measures_a_waiting_dataset_as_waiting() -> None:
+    probe = probe_threads(Waits(), threads=4, budget_s=0.2)
+    assert probe is not None and probe.threads == 4
+    assert probe.one_thread_per_s > 0 and probe.many_threads_per_s > 0
+    assert probe.cpu_share < 0.5  # blocked, not computing, whatever the machine's load
+
+
+def test_the_thread_probe_skips_iterable_and_failing_datasets() -> None:
+    class Stream(conveyor.IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    class Fails:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> int:
+            raise KeyError(i)
+
+    assert probe_threads(Stream()) is None
+    assert probe_threads(Fails(), budget_s=0.05) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conveyor.diagnostics.findings import Finding
-from conveyor.doctor.profile import Profile
+from conveyor.doctor.profile import Profile, ThreadProbe
 from conveyor.doctor.units import fmt_bytes, fmt_seconds
 
 __all__ = ["advise"]
@@ -15,6 +15,8 @@ SLOW_SAMPLE_S = 5e-3  # above: fetching dominates, and more workers help
 LARGE_BATCH_BYTES = 50_000_000
 SLOW_START_S = 1.0  # workers' first batch slower than this: worth starting them once
 SPIKY_RATIO = 10.0  # p95 this many times the median: a few samples are much slower
+WAITING_CPU_SHARE = 0.5  # one thread computing less of the time than this: it mostly waits
+RELEASES_GIL = 0.7  # threads scaling to this share of min(threads, CPUs): the GIL is free
 
 
 def advise(profile: Profile, findings: Sequence[Finding] = ()) -> list[str]:
@@ -65,6 +67,8 @@ def advise(profile: Profile, findings: Sequence[Finding] = ()) -> list[str]:
             f"batch (num_workers={slow[-1].num_workers}, start method {profile.start_method}): "
             "pass persistent_workers=True so they start once, not every epoch."
         )
+    if profile.threads is not None:
+        advice.append(method_advice(profile.threads, profile.cpus))
     fastest = profile.fastest
     if fastest is not None:
         advice.append(
@@ -76,3 +80,29 @@ def advise(profile: Profile, findings: Sequence[Finding] = ()) -> list[str]:
 
 def _place(finding: Finding) -> str:
     return finding.where or "environment"
+
+
+def method_advice(probe: ThreadProbe, cpus: int) -> str:
+    """Processes or threads, from how the samples fetched in threads."""
+    measured = (
+        f"one thread fetched {probe.one_thread_per_s:,.0f} samples/s computing "
+        f"{probe.cpu_share:.0%} of the time; {probe.threads} threads fetched "
+        f"{probe.many_threads_per_s:,.0f} ({probe.speedup:.1f}x)"
+    )
+    if probe.cpu_share < WAITING_CPU_SHARE:
+        return (
+            f"Samples mostly wait ({measured}): use many threads, "
+            "worker_method='thread' with num_workers well past the CPUs (16, 32, 64: "
+            "as many requests as the storage serves), or worker processes each running "
+            "several threads."
+        )
+    if probe.speedup >= max(1.3, RELEASES_GIL * min(probe.threads, cpus)):
+        return (
+            f"Samples release the GIL ({measured}): thread workers load as fast as "
+            f"processes here, with one copy of the dataset: worker_method='thread', "
+            f"num_workers={cpus}."
+        )
+    return (
+        f"Samples hold the GIL ({measured}): threads cannot run them in parallel; keep "
+        "worker processes (worker_method='multiprocessing', the default)."
+    )

@@ -7,6 +7,7 @@ import operator
 import pickle
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -19,14 +20,23 @@ from conveyor.dataset import is_iterable_dataset
 from conveyor.diagnostics.environment import affinity
 from conveyor.diagnostics.findings import Finding, Report
 from conveyor.diagnostics.preflight import check
-from conveyor.doctor.profile import LoaderRun, Profile
+from conveyor.doctor.profile import LoaderRun, Profile, ThreadProbe
 from conveyor.doctor.target import Target
 from conveyor.errors import PreflightWarning
 
-__all__ = ["batch_nbytes", "examine", "run_loader", "time_fetches", "usable_cpus"]
+__all__ = [
+    "batch_nbytes",
+    "examine",
+    "probe_threads",
+    "run_loader",
+    "time_fetches",
+    "usable_cpus",
+]
 
 FETCH_SAMPLES = 50
 FETCH_BUDGET_S = 1.0
+PROBE_THREADS = 8
+PROBE_BUDGET_S = 0.5  # per pass (one thread, then PROBE_THREADS)
 RUN_BUDGET_S = 2.0  # per worker count, after the first batch
 RUN_TIMEOUT_S = 60.0  # a measured loader gives up on a batch after this long
 
@@ -72,6 +82,7 @@ def examine(
         fetch_count=len(times),
         runs=runs,
         problems=(fetch_error,) if fetch_error else (),
+        threads=None if fetch_error else probe_threads(target.dataset),
     )
     return report, profile
 
@@ -109,6 +120,59 @@ def time_fetches(
         if start > deadline:
             break
     return times, ""
+
+
+def probe_threads(
+    dataset: Any, threads: int = PROBE_THREADS, budget_s: float = PROBE_BUDGET_S
+) -> ThreadProbe | None:
+    """Fetch samples in one thread, then in ``threads`` threads at once, for about
+    ``budget_s`` each (map-style datasets; None for iterable ones, or if one raised)."""
+    if is_iterable_dataset(dataset):
+        return None
+    try:
+        length = len(dataset)
+    except TypeError:
+        return None
+    if not length:
+        return None
+    try:
+        one, cpu_share = _fetch_for(dataset, length, 1, budget_s)
+        many, _ = _fetch_for(dataset, length, threads, budget_s)
+    except Exception:  # time_fetches reports a failing sample better
+        return None
+    return ThreadProbe(threads, one, many, cpu_share)
+
+
+def _fetch_for(dataset: Any, length: int, threads: int, budget_s: float) -> tuple[float, float]:
+    """Samples/s with ``threads`` threads fetching for ``budget_s``, and the process's CPU
+    time over the wall time meanwhile."""
+    deadline = time.perf_counter() + budget_s
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    def fetch(slot: int) -> None:
+        i = slot
+        try:
+            while time.perf_counter() < deadline:
+                dataset[i % length]
+                counts[slot] += 1
+                i += threads
+        except BaseException as exc:
+            errors.append(exc)
+
+    cpu, start = time.process_time(), time.perf_counter()
+    if threads == 1:
+        fetch(0)
+    else:
+        workers = [threading.Thread(target=fetch, args=(k,), daemon=True) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(counts) / wall, (time.process_time() - cpu) / wall
 
 
 def _spread(length: int, count: int) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LoaderRun", "Profile"]
+__all__ = ["LoaderRun", "Profile", "ThreadProbe"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,21 @@ class LoaderRun:
 
 
 @dataclass(frozen=True)
+class ThreadProbe:
+    """The same samples fetched by one thread, then by ``threads`` threads at once: does
+    the dataset hold the GIL, release it, or mostly wait?"""
+
+    threads: int
+    one_thread_per_s: float  # samples/s
+    many_threads_per_s: float
+    cpu_share: float  # CPU time / wall time of the one-thread pass (1.0: all computing)
+
+    @property
+    def speedup(self) -> float:
+        return self.many_threads_per_s / self.one_thread_per_s if self.one_thread_per_s else 0.0
+
+
+@dataclass(frozen=True)
 class Profile:
     """What doctor measured; :func:`~conveyor.doctor.advise` derives the advice from it."""
 
@@ -34,6 +49,7 @@ class Profile:
     fetch_count: int = 0
     runs: tuple[LoaderRun, ...] = ()
     problems: tuple[str, ...] = ()  # a sample that failed in-process
+    threads: ThreadProbe | None = None  # map-style datasets whose samples all loaded
 
     @property
     def batch_parts(self) -> tuple[int, int] | None:
