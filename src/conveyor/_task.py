@@ -9,6 +9,7 @@ raises nothing from user code: every outcome is a value the caller acts on.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -118,6 +119,8 @@ class TaskRunner:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
         self.iterable = iterable
         self.auto_collation = auto_collation
+        # Seconds the last run spent fetching and collating (statistics, trace).
+        self.fetch_s = self.collate_s = 0.0
         self.collate_fn = collate_fn
         # Iterable datasets cannot skip: their samples have no index to record.
         self.skip_errors = skip_errors and not iterable
@@ -158,6 +161,8 @@ class TaskRunner:
         after a crash, to name the sample that kills the worker); ``reseed``
         seeds the random generators before the batch or each sample."""
         fetcher = self.fetcher
+        started = time.monotonic()
+        self.fetch_s = self.collate_s = 0.0
         indices = None if self.iterable else batch_indices(index, self.auto_collation)
         left_out: tuple[LeftOut, ...] = ()
         per_sample = reseed is not None and reseed.mode == "sample" and not self.iterable
@@ -198,6 +203,8 @@ class TaskRunner:
             return Failed(Stage.FETCH, _stop_in_getitem(exc, indices))
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
+        collating_from = time.monotonic()
+        self.fetch_s = collating_from - started
         progress.stage(Stage.COLLATE)
         if per_sample:
             assert reseed is not None
@@ -207,6 +214,7 @@ class TaskRunner:
                 batch = self.collate_fn(data)
         except Exception as exc:
             return self.batch_failed(Stage.COLLATE, exc, indices, left_out)
+        self.collate_s = time.monotonic() - collating_from
         return Collated(batch, indices, left_out)
 
     def batch_failed(

@@ -163,11 +163,18 @@ NON_DEFAULT: dict[str, object] = {
     "payload": SlotPayload(SLOT, b"meta", ((0, 8), (64, 16)), (5, 6), plain=True),
     "skipped": (SampleFailed(41, Stage.FETCH, _ERROR),),
     "busy_s": 0.5,
+    "started": 12345.25,
+    "fetch_s": 0.125,
+    "collate_s": 0.0625,
+    "encode_s": 0.03125,
     "epoch_state": b"epoch state",
     "asked_worker_info": False,
     "stage": Stage.COLLATE,
     "error": _ERROR,
 }
+
+
+_BATCH_REST = {"skipped", "state", "epoch_state", "asked_worker_info"}  # pickled if set
 
 
 def _message_classes() -> list[type]:
@@ -203,7 +210,11 @@ def test_every_field_of_every_message_round_trips(kind: type) -> None:
     ("kind", "frame_kind", "fields"),
     [
         (Task, b"T", {f.name for f in dataclasses.fields(Task)} - {"exclude"}),
-        (BatchDone, b"B", {"epoch", "seq", "payload", "busy_s"}),
+        (
+            BatchDone,
+            b"B",
+            {"epoch", "seq", "payload", "busy_s", "started", "fetch_s", "collate_s", "encode_s"},
+        ),
     ],
     ids=["Task", "BatchDone"],
 )

@@ -277,7 +277,7 @@ class WorkerCore:
         if spec.reseed != "worker":
             where = (task.epoch, task.seq, task.first_sample)
             reseed = Reseed(spec.reseed, spec.base_seed, *where, generators=self.scope)
-        reply = self._run(task, runner, time.perf_counter(), reseed)
+        reply = self._run(task, runner, time.monotonic(), reseed)
         if task.want_state or epoch_state is not None:
             state = self._pickled_state() if task.want_state else None
             reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
@@ -301,6 +301,7 @@ class WorkerCore:
         )
         if isinstance(outcome, Collated):
             self.status.stage(Stage.TRANSFER)
+            encoding = time.monotonic()
             try:
                 payload = transport.encode(outcome.batch)
             except Exception as exc:
@@ -313,12 +314,31 @@ class WorkerCore:
                     Stage.TRANSFER, exc, outcome.indices, outcome.left_out
                 )
             else:
-                busy = time.perf_counter() - started
-                return BatchDone(task.epoch, task.seq, payload, sent(outcome.left_out), busy)
+                done = time.monotonic()
+                return BatchDone(
+                    task.epoch,
+                    task.seq,
+                    payload,
+                    sent(outcome.left_out),
+                    done - started,
+                    started=started,
+                    fetch_s=runner.fetch_s,
+                    collate_s=runner.collate_s,
+                    encode_s=done - encoding,
+                )
         match outcome:
             case NothingLeft(left_out=left_out):
-                busy = time.perf_counter() - started
-                return BatchDone(task.epoch, task.seq, None, sent(left_out), busy)
+                busy = time.monotonic() - started
+                return BatchDone(
+                    task.epoch,
+                    task.seq,
+                    None,
+                    sent(left_out),
+                    busy,
+                    started=started,
+                    fetch_s=runner.fetch_s,
+                    collate_s=runner.collate_s,
+                )
             case Failed(stage=stage, error=error):
                 return TaskFailed(task.epoch, task.seq, stage, capture(error))
             case Exhausted():

@@ -104,6 +104,12 @@ class BatchDone:
     payload: Any  # a transport payload (conveyor._transport.codec); None: nothing left
     skipped: tuple[SampleFailed, ...] = ()
     busy_s: float = 0.0  # the worker's own time on this task, start to reply
+    # Where that time went (statistics and trace): when the task began on the worker's
+    # monotonic clock, and its fetch (__getitem__/__getitems__), collate and encode.
+    started: float = 0.0
+    fetch_s: float = 0.0
+    collate_s: float = 0.0
+    encode_s: float = 0.0
     state: bytes | None = None  # the dataset's state after it (Task.want_state)
     epoch_state: bytes | None = None  # its state when this epoch began (first task only)
     asked_worker_info: bool | None = None  # iterable datasets, first batch of an epoch

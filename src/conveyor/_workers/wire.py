@@ -39,8 +39,9 @@ _LENGTH = struct.Struct("<Q")
 _TASK = struct.Struct("<qqqBI")
 _TASK_TRACE, _TASK_WANT_STATE, _TASK_CONSECUTIVE = 1, 2, 4
 _RUN = struct.Struct("<qq")  # a consecutive index: its first value and length
-# epoch, seq, busy_s, slot id, slot offset, slot size, layout count, retired count, plain
-_BATCH = struct.Struct("<qqdqqqII?")
+# epoch, seq, busy_s, started, fetch_s, collate_s, encode_s, slot id, slot offset, slot
+# size, layout count, retired count, plain
+_BATCH = struct.Struct("<qqdddddqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
 READ_SIZE = 1 << 16
 
@@ -53,7 +54,7 @@ _CARRIED: dict[type, tuple[set[str], list[str]]] = {
         ["exclude"],
     ),
     BatchDone: (
-        {"epoch", "seq", "payload", "busy_s"},
+        {"epoch", "seq", "payload", "busy_s", "started", "fetch_s", "collate_s", "encode_s"},
         ["skipped", "state", "epoch_state", "asked_worker_info"],
     ),
     SlotPayload: ({"slot", "meta", "layout", "retired", "plain"}, []),
@@ -107,6 +108,10 @@ def _encode_batch(message: BatchDone) -> bytes:
         message.epoch,
         message.seq,
         message.busy_s,
+        message.started,
+        message.fetch_s,
+        message.collate_s,
+        message.encode_s,
         slot.slot_id,
         slot.offset,
         slot.size,
@@ -136,9 +141,8 @@ class BodyDecoder:
         raise ValueError(f"unknown frame kind {bytes(kind)!r} on a conveyor worker pipe")
 
     def _decode_batch(self, body: memoryview) -> BatchDone:
-        epoch, seq, busy, slot_id, offset, size, n_layout, n_retired, plain = _BATCH.unpack_from(
-            body, 1
-        )
+        epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
+        slot_id, offset, size, n_layout, n_retired, plain = rest
         at = 1 + _BATCH.size
         numbers = struct.unpack_from(f"<{2 * n_layout}q", body, at)
         layout = tuple(zip(numbers[::2], numbers[1::2], strict=True))
@@ -152,7 +156,16 @@ class BodyDecoder:
         payload = SlotPayload(
             slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
         )
-        return BatchDone(epoch=epoch, seq=seq, payload=payload, busy_s=busy)
+        return BatchDone(
+            epoch=epoch,
+            seq=seq,
+            payload=payload,
+            busy_s=busy,
+            started=started,
+            fetch_s=fetch_s,
+            collate_s=collate_s,
+            encode_s=encode_s,
+        )
 
 
 def _decode_task(body: memoryview) -> Task:
