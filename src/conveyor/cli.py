@@ -1,5 +1,6 @@
-"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput) and
-``doctor`` (check and measure a dataset, and say what to change)."""
+"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput),
+``doctor`` (check and measure a dataset, and say what to change) and ``trace-plot``
+(draw a trace written by ``loader.trace(PATH)``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor_command.add_arguments(doctor)
     doctor.set_defaults(handler=doctor_command.run)
+
+    trace_plot = commands.add_parser(
+        "trace-plot",
+        help="draw a trace written by loader.trace(PATH) as a PNG",
+        description="One lane per worker and one for the training loop; needs matplotlib.",
+    )
+    from conveyor.observe import trace_plot as trace_plot_command
+
+    trace_plot_command.add_arguments(trace_plot)
+    trace_plot.set_defaults(handler=trace_plot_command.run)
     return parser
 
 

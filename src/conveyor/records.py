@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["InFlightTask", "LoaderStatistics", "SkippedSample", "WorkerStatistics"]
+__all__ = [
+    "InFlightTask",
+    "LoaderStatistics",
+    "SkippedSample",
+    "StageTimes",
+    "WorkerStatistics",
+]
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,66 @@ class WorkerStatistics:
     samples: int
     restarts: int
     samples_per_s: float  # over this worker's lifetime in the current iterator
+    busy_share: float = 0.0  # of the epoch's wall time, the share it spent on tasks
+    cpu_s: float | None = None  # its CPU time this epoch (None: its kind cannot say)
+    memory_bytes: int | None = None  # its own memory (USS; None: its kind cannot say)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Where the time of an epoch (or of the loader's whole life) went, in seconds.
+
+    Workers' stages are summed over workers (with 4 workers busy for the whole of a
+    10 s epoch, ``busy_s`` is 40). The main process's are its own: decoding batches,
+    pinning them, and the training loop waiting inside ``next()``.
+    """
+
+    seconds: float = 0.0  # wall time
+    batches: int = 0
+    samples: int = 0
+    fetch_s: float = 0.0  # __getitem__ / __getitems__ / next(iterator), in workers
+    collate_s: float = 0.0  # collate_fn, in workers
+    send_s: float = 0.0  # encoding the batch for its way back, in workers
+    busy_s: float = 0.0  # workers' whole time on tasks
+    decode_s: float = 0.0  # rebuilding batches in the main process
+    pin_s: float = 0.0  # pin_memory, in the main process
+    wait_s: float = 0.0  # the training loop inside next(), waiting for a batch
+    bytes: int = 0  # batch bytes moved from workers
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def wait_share(self) -> float:
+        """The share of the wall time the training loop spent waiting for data."""
+        return self.wait_s / self.seconds if self.seconds > 0 else 0.0
+
+    def per_batch(self, seconds: float) -> float:
+        return seconds / self.batches if self.batches else 0.0
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        out: dict[str, float] = {
+            f"{prefix}seconds": self.seconds,
+            f"{prefix}batches": self.batches,
+            f"{prefix}samples": self.samples,
+            f"{prefix}samples_per_s": self.samples_per_s,
+            f"{prefix}wait_share": self.wait_share,
+        }
+        for name in ("fetch", "collate", "send", "busy", "decode", "pin", "wait"):
+            out[f"{prefix}{name}_ms_per_batch"] = 1000 * self.per_batch(getattr(self, f"{name}_s"))
+        out[f"{prefix}bytes"] = self.bytes
+        return out
 
 
 @dataclass(frozen=True)
 class LoaderStatistics:
-    """A snapshot from ``DataLoader.statistics()``."""
+    """A snapshot from ``DataLoader.statistics()``.
+
+    ``as_dict()`` flattens it into ``{name: number}``, ready for Lightning's
+    ``self.log_dict(...)`` or a TensorBoard writer: ``epoch/...`` for the current
+    epoch, ``total/...`` since the loader started.
+    """
 
     epoch: int
     batches: int  # handed out in this epoch
@@ -53,3 +114,26 @@ class LoaderStatistics:
     samples_skipped: int
     in_flight: tuple[InFlightTask, ...]
     workers: tuple[WorkerStatistics, ...]
+    stages: StageTimes = StageTimes()  # this epoch
+    stages_total: StageTimes = StageTimes()  # since the loader's first epoch
+    ready: int = 0  # batches arrived and not taken yet (the queue's depth)
+    slots_in_use: int = 0  # shared-memory slots holding batches now (process workers)
+    worker_method: str = "multiprocessing"  # or "thread", "ray"; num_workers=0: "none"
+    notes: tuple[str, ...] = ()  # what num_workers="auto" chose and why, and the like
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {
+            "epoch": self.epoch,
+            "workers": len(self.workers),
+            "worker_restarts": self.worker_restarts,
+            "tasks_retried": self.tasks_retried,
+            "samples_skipped": self.samples_skipped,
+            "in_flight": len(self.in_flight),
+            "ready": self.ready,
+            "slots_in_use": self.slots_in_use,
+        }
+        if self.workers:
+            out["worker_busy_share"] = sum(w.busy_share for w in self.workers) / len(self.workers)
+        out.update(self.stages.as_dict("epoch/"))
+        out.update(self.stages_total.as_dict("total/"))
+        return out
