@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.observe.autotune import Autotuner, Limits
 from conveyor.observe.progress import EVERY_S, ProgressLine, line
 from conveyor.observe.timings import StageClock
 from conveyor.observe.trace import Tracer
@@ -158,3 +159,56 @@ def test_a_trace_is_trace_event_json_with_a_lane_per_worker(tmp_path: Path) -> N
     lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert sorted(lanes.values()) == ["training loop", "worker 0", "worker 0", "worker 1"]
     assert {(e["pid"], e["tid"]) for e in spans} == set(lanes)
+
+
+# --- num_workers="auto" -------------------------------------------------------------------
+
+
+def _window(wait_share: float, busy_share: float, workers: int) -> StageTimes:
+    return StageTimes(
+        seconds=2.0, batches=40, samples=1280, wait_s=2.0 * wait_share,
+        busy_s=2.0 * busy_share * workers,
+    )  # fmt: skip
+
+
+def test_autotune_starts_from_the_usable_cpus() -> None:
+    assert Autotuner(Limits(cpus=6, most=64)).first().change == 6
+    assert Autotuner(Limits(cpus=6, most=64), threads=True).first().change == 12
+    assert Autotuner(Limits(cpus=6, most=4)).first().change == 4
+
+
+@pytest.mark.parametrize(
+    ("wait", "busy", "workers", "memory", "change", "words"),
+    [
+        (0.30, 0.95, 2, None, 1, "added a worker: the loop waited 30%"),
+        (0.30, 0.95, 4, None, 0, "one per usable CPU, 4"),  # processes: at the CPUs
+        (0.30, 0.50, 2, None, 0, "kept 2 workers"),  # waiting, but not on the workers
+        (0.01, 0.20, 3, None, -1, "retired a worker"),
+        (0.01, 0.20, 1, None, 0, "kept 1 workers"),  # never below one
+        (0.01, 0.60, 3, None, 0, "kept 3 workers"),
+        (0.30, 0.95, 2, (600 << 20, 500 << 20), 0, "would not fit the memory left (500 MiB)"),
+        (0.30, 0.95, 2, (100 << 20, 500 << 20), 1, "added a worker"),
+    ],
+)
+def test_autotune_adds_while_the_loop_waits_for_busy_workers_within_the_budget(
+    wait: float,
+    busy: float,
+    workers: int,
+    memory: tuple[int, int] | None,
+    change: int,
+    words: str,
+) -> None:
+    tuner = Autotuner(Limits(cpus=4, most=64))
+    worker_memory, left = memory if memory is not None else (None, None)
+    decision = tuner.decide(_window(wait, busy, workers), workers, worker_memory, left)
+    assert decision.change == change and words in decision.why, decision.why
+
+
+def test_autotune_settles_after_windows_without_a_change() -> None:
+    tuner = Autotuner(Limits(cpus=4, most=64))
+    tuner.decide(_window(0.3, 0.95, 2), 2)
+    assert not tuner.settled
+    for _ in range(3):
+        tuner.decide(_window(0.01, 0.6, 3), 3)
+    assert tuner.settled
+    assert [count for count, _ in tuner.history] == [3]

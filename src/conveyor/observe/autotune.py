@@ -1,0 +1,111 @@
+"""``num_workers="auto"``: how many workers, from what the process may use and what it sees.
+
+Pure: the loop measures (a window of batches: the loop's wait, the workers' busy share,
+one worker's memory) and asks :meth:`Autotuner.decide`; the tuner answers add one,
+retire one, or keep, with the reason in words. It starts from what the process may
+really use (the cgroup's CPU quota and cpuset, the memory limit), adds workers while
+the training loop waits for busy workers and cores are free, retires idle ones when the
+loop never waits, and never goes past the memory budget. One step at a time, then a
+window to see its effect, so it settles rather than oscillates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..records import StageTimes
+
+__all__ = ["Autotuner", "Decision", "Limits"]
+
+WAITING = 0.05  # the loop waiting more than this share of a window: loading holds it back
+BUSY = 0.75  # workers busy more than this: more of them would help
+IDLE = 0.4  # workers busy less than this while the loop never waits: one can go
+MEMORY_MARGIN = 0.8  # of the memory left, what workers may take
+WINDOW_BATCHES = 8  # a window is at least this many batches...
+WINDOW_S = 1.0  # ... and this long
+SETTLED_AFTER = 3  # windows in a row without a change
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the process may use: CPUs (quota and cpuset), the most workers of this kind."""
+
+    cpus: int
+    most: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    change: int  # +1 add a worker, -1 retire one, 0 keep
+    why: str
+
+
+class Autotuner:
+    def __init__(self, limits: Limits, *, threads: bool = False) -> None:
+        self.limits = limits
+        self.threads = threads
+        self.quiet = 0  # windows in a row without a change
+        self.history: list[tuple[int, str]] = []  # (workers, why) at each change
+
+    def first(self) -> Decision:
+        """Where to start: one worker per usable CPU (threads: twice that, since they
+        mostly wait or release the GIL), within the kind's most."""
+        wanted = self.limits.cpus * (2 if self.threads else 1)
+        count = max(1, min(wanted, self.limits.most))
+        why = (
+            f"{count} workers to start: {self.limits.cpus} CPUs usable by this process "
+            f"(affinity and cgroup quota){', two threads each' if self.threads else ''}"
+        )
+        self.history.append((count, why))
+        return Decision(count, why)
+
+    @property
+    def settled(self) -> bool:
+        return self.quiet >= SETTLED_AFTER
+
+    @staticmethod
+    def window_done(window: StageTimes) -> bool:
+        return window.batches >= WINDOW_BATCHES and window.seconds >= WINDOW_S
+
+    def decide(
+        self,
+        window: StageTimes,
+        workers: int,
+        worker_memory: int | None = None,
+        memory_left: int | None = None,
+    ) -> Decision:
+        """After a window: add a worker, retire one, or keep. ``worker_memory``: what one
+        worker takes, measured (None: its kind cannot say); ``memory_left``: what the
+        machine or cgroup has left (None: no limit known)."""
+        waiting = window.wait_share
+        busy = window.busy_s / (workers * window.seconds) if workers and window.seconds else 0.0
+        seen = f"the loop waited {waiting:.0%} of the last {window.seconds:.1f} s, {workers} "
+        seen += f"workers busy {busy:.0%}"
+        decision = Decision(0, f"kept {workers} workers: {seen}")
+        if waiting > WAITING and busy > BUSY:
+            room = self._room(workers, worker_memory, memory_left)
+            if room is None:
+                decision = Decision(1, f"added a worker: {seen}")
+            else:
+                decision = Decision(0, f"kept {workers} workers ({room}): {seen}")
+        elif waiting <= WAITING and busy < IDLE and workers > 1:
+            decision = Decision(-1, f"retired a worker: {seen}")
+        if decision.change:
+            self.quiet = 0
+            self.history.append((workers + decision.change, decision.why))
+        else:
+            self.quiet += 1
+        return decision
+
+    def _room(self, workers: int, worker_memory: int | None, left: int | None) -> str | None:
+        """Why no worker can be added (None: one can)."""
+        if workers >= self.limits.most:
+            return f"the most for this kind of worker, {self.limits.most}"
+        if not self.threads and workers >= self.limits.cpus:
+            return f"one per usable CPU, {self.limits.cpus}"
+        if left is not None and worker_memory and worker_memory > MEMORY_MARGIN * left:
+            return (
+                f"one more worker ({worker_memory >> 20:,} MiB) would not fit the memory left "
+                f"({left >> 20:,} MiB)"
+            )
+        return None
