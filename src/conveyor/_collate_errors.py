@@ -119,6 +119,26 @@ def raise_with_note(exc: BaseException, path: tuple[Any, ...], size: int) -> NoR
     raise exc
 
 
+def raise_registered(
+    exc: BaseException, fn: Any, key: Any, path: tuple[Any, ...], size: int
+) -> NoReturn:
+    """Re-raise what a registered collate function raised, noting which one and where."""
+    known = _indices(size)
+    name = getattr(fn, "__qualname__", None) or type_name(type(fn))
+    module = getattr(fn, "__module__", None)
+    shown = f"{module}.{name}" if module and module != "builtins" else name
+    keys = key if isinstance(key, tuple) else (key,)
+    types = ", ".join(type_name(k) if isinstance(k, type) else repr(k) for k in keys)
+    note = f"Raised by {shown}, the collate function registered for {types}{_at(path)}" + (
+        f", in a batch with dataset indices {list(known)}" if known else ""
+    )
+    notes = list(getattr(exc, "__notes__", None) or [])
+    notes.append(note + ".")
+    with contextlib.suppress(AttributeError):
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    raise exc
+
+
 def _type_error_class(exc: BaseException) -> type[CollateError] | None:
     if isinstance(exc, TypeError):
         return CollateTypeError

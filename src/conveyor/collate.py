@@ -7,6 +7,19 @@ the field path, the dataset indices (see :func:`collate_context`), the shapes,
 types or key sets involved, and the fix. It is a :class:`CollateError` that is
 also the built-in type torch raises for the same mistake.
 
+A collate function registered for a type is honoured before the built-in rules,
+as torch's ``collate`` honours it: in torch's
+``torch.utils.data._utils.collate.default_collate_fn_map`` (when torch is
+installed) and in conveyor's own :data:`default_collate_fn_map`, which works
+without torch too. An element's type is looked up exactly, then with
+``isinstance`` against each key in insertion order, in torch's map with
+conveyor's entries laid over it (a type in both: conveyor's function). The
+function is called as ``fn(batch, collate_fn_map=...)``: torch's functions get
+torch's map, conveyor's the merged one, and :func:`collate` recurses with it.
+Workers get the main process's maps as they were at ``iter()``, so a
+registration made in ``__main__`` or a notebook reaches spawn and forkserver
+workers too. See docs/design.md, "Collate registries".
+
 :data:`OUTPUT_ALLOCATOR` lets a transport supply the memory that stacked arrays
 are written into, so they can travel without another copy.
 """
@@ -26,14 +39,17 @@ import numpy as np
 from conveyor import _collate_errors as _err
 from conveyor import _scope, _torch
 from conveyor._collate_errors import collate_context
+from conveyor._collate_registry import Call, CollateFnMap, Dispatch, Registrations, Registries, Rule
 
 torch: Any = _torch.load()  # None without torch, or in a worker that defers it
 
 __all__ = [
     "OUTPUT_ALLOCATOR",
     "Allocator",
+    "collate",
     "collate_context",
     "default_collate",
+    "default_collate_fn_map",
     "default_convert",
     "numpy_collate",
 ]
@@ -69,6 +85,7 @@ def _adopt_torch() -> Any:
         (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
     )
     _DEFAULT = _TorchLeaves()
+    _registry.adopt_torch(torch)
     return _DEFAULT
 
 
@@ -333,20 +350,31 @@ def _default_leaves() -> _Leaves:
     return _DEFAULT
 
 
-def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> Any:
+def _collate(
+    batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Dispatch | None
+) -> Any:
+    """Collate ``batch`` at ``path``; ``rules``: the registries' lookup, None when
+    they hold only the defaults (the built-in rules below give the same result)."""
     elem = batch[0]
-    if torch is not None and isinstance(elem, torch.Tensor):
-        return leaves.tensor(batch, path)
-    if isinstance(elem, np.ndarray):
-        return leaves.array(batch, path)
-    if isinstance(elem, _NP_SCALARS):
-        return leaves.scalar(batch, path)
-    if isinstance(elem, float):
-        return leaves.float_(batch, path)
-    if isinstance(elem, int):
-        return leaves.int_(batch, path)
-    if isinstance(elem, (str, bytes)):
-        return batch
+    if rules is None:
+        if torch is not None and isinstance(elem, torch.Tensor):
+            return leaves.tensor(batch, path)
+        if isinstance(elem, np.ndarray):
+            return leaves.array(batch, path)
+        if isinstance(elem, _NP_SCALARS):
+            return leaves.scalar(batch, path)
+        if isinstance(elem, float):
+            return leaves.float_(batch, path)
+        if isinstance(elem, int):
+            return leaves.int_(batch, path)
+        if isinstance(elem, (str, bytes)):
+            return batch
+    else:
+        action = rules.action(elem)
+        if isinstance(action, Call):
+            return _call(action, batch, path, leaves)
+        if action is not None:
+            return _by_rule(action, batch, path, leaves, rules)
     if isinstance(elem, Mapping):
         out: dict[Any, Any] = {}
         for key in elem:
@@ -354,7 +382,7 @@ def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> An
                 column = [d[key] for d in batch]
             except Exception as exc:
                 _err.raise_gather(batch, path, key, exc)
-            out[key] = _collate(column, (*path, key), leaves)
+            out[key] = _collate(column, (*path, key), leaves, rules)
         return _rebuild_mapping(elem, out)
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
         try:
@@ -363,7 +391,7 @@ def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> An
             _err.raise_not_sequence(batch, path, exc)
         names = [_err.Attr(f) for f in elem._fields]
         return type(elem)(
-            *(_collate(c, (*path, n), leaves) for c, n in zip(columns, names, strict=True))
+            *(_collate(c, (*path, n), leaves, rules) for c, n in zip(columns, names, strict=True))
         )
     if isinstance(elem, Sequence):
         try:
@@ -372,9 +400,51 @@ def _collate(batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> An
             _err.raise_lengths(batch, path)
         except TypeError as exc:
             _err.raise_not_sequence(batch, path, exc)
-        items = [_collate(c, (*path, i), leaves) for i, c in enumerate(columns)]
+        items = [_collate(c, (*path, i), leaves, rules) for i, c in enumerate(columns)]
         return items if isinstance(elem, tuple) else _rebuild_sequence(elem, items)
     _err.raise_unsupported(batch, path)
+
+
+def _by_rule(
+    rule: Rule, batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Any
+) -> Any:
+    """A built-in rule, found in a registry (a default function stands for it)."""
+    if rule is Rule.TENSOR:
+        return leaves.tensor(batch, path)
+    if rule is Rule.ARRAY:
+        if rules is not None and rules.tensor_custom and leaves is not _NUMPY:
+            # torch turns the arrays into tensors and collates those through the map.
+            if leaves is _DEFERRED:
+                raise _NeedsTorch
+            if batch[0].dtype.kind in "SUO":
+                _err.raise_unsupported(batch, path, batch[0].dtype)
+            try:
+                tensors = [torch.as_tensor(a) for a in batch]
+            except Exception as exc:
+                _err.raise_leaf(batch, path, exc)
+            return _collate(tensors, path, leaves, rules)
+        return leaves.array(batch, path)
+    if rule is Rule.SCALAR:
+        return leaves.scalar(batch, path)
+    if rule is Rule.FLOAT:
+        return leaves.float_(batch, path)
+    if rule is Rule.INT:
+        return leaves.int_(batch, path)
+    return batch  # Rule.STR
+
+
+def _call(call: Call, batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> Any:
+    """A registered function, run where torch runs it: here, on the samples."""
+    if leaves is _DEFERRED:
+        raise _NeedsTorch  # what it returns must reach the main process as it is
+    if _tensors_in_main():
+        # A worker that defers torch: from now on it builds torch's batches itself,
+        # and the transport sends NumPy arrays as arrays (see _workers/core.py).
+        make_tensors_in_main(False)
+    try:
+        return call.fn(batch, collate_fn_map=call.collate_fn_map)
+    except Exception as exc:
+        _err.raise_registered(exc, call.fn, call.key, path, len(batch))
 
 
 def _rebuild_mapping(elem: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
@@ -418,17 +488,21 @@ def default_collate(batch: Sequence[Any]) -> Any:
     Tensors, NumPy arrays and numbers become tensors with a leading batch
     dimension (NumPy arrays when torch is not installed); strings and bytes
     stay a list; mappings, namedtuples and sequences are collated field by
-    field (tuples become lists, like torch). Wrap the call in
-    :func:`collate_context` to have errors name dataset indices.
+    field (tuples become lists, like torch). A function registered for an
+    element's type (in torch's ``default_collate_fn_map`` or in
+    :data:`default_collate_fn_map`) collates it instead, as in torch. Wrap the
+    call in :func:`collate_context` to have errors name dataset indices.
     """
     _first(batch)
     leaves = _default_leaves()
+    rules = _registry.both()
     if leaves is _DEFERRED:
         try:
-            return _collate(batch, (), leaves)
+            return _collate(batch, (), leaves, rules)
         except _NeedsTorch:
             leaves = _adopt_torch() if torch is None else _DEFAULT
-    return _collate(batch, (), leaves)
+            rules = _registry.both()  # with torch's map, now that torch is loaded
+    return _collate(batch, (), leaves, rules)
 
 
 def numpy_collate(batch: Sequence[Any]) -> Any:
@@ -436,9 +510,105 @@ def numpy_collate(batch: Sequence[Any]) -> Any:
 
     Python ints become int64 arrays, floats float64, bools bool; NumPy scalars
     keep their dtype; tensors are converted with ``Tensor.numpy(force=True)``.
+    Functions registered in :data:`default_collate_fn_map` are honoured; torch's
+    map is not consulted (its functions make tensors).
     """
     _first(batch)
-    return _collate(batch, (), _NUMPY)
+    if torch is None and "torch" in sys.modules:
+        _adopt_torch()  # the user's code imported torch: recognise its tensors
+    return _collate(batch, (), _NUMPY, _registry.own_only())
+
+
+def collate(batch: Sequence[Any], *, collate_fn_map: Mapping[Any, Any] | None = None) -> Any:
+    """torch's ``collate``: look each element's type up in ``collate_fn_map``, else
+    recurse into mappings, namedtuples and sequences.
+
+    The lookup is torch's: the exact type first, then ``isinstance`` against each
+    key in insertion order; ``fn(batch, collate_fn_map=collate_fn_map)`` is called.
+    A registered function calls this to collate what its type holds, passing on
+    the map it was given. Without a map, a leaf (a number, an array) is an error,
+    as in torch. Default functions (torch's or this module's) apply conveyor's
+    built-in rule for their type: tensors, or NumPy arrays without torch.
+    """
+    _first(batch)
+    return _collate(batch, (), _exact_leaves(), _registry.given(collate_fn_map))
+
+
+def _exact_leaves() -> _Leaves:
+    """The leaves of a batch finished here (never deferred to the main process)."""
+    leaves = _default_leaves()
+    if leaves is _DEFERRED:
+        return _adopt_torch() if torch is None else _DEFAULT
+    return leaves
+
+
+def _default_rule(rule: Rule, batch: Sequence[Any], collate_fn_map: Any) -> Any:
+    rules = None if collate_fn_map is None else _registry.given(collate_fn_map)
+    return _by_rule(rule, batch, (), _exact_leaves(), rules)
+
+
+# The default entries of conveyor's map, named and called like torch's.
+
+
+def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Stack tensors along a new first dimension (torch's ``collate_tensor_fn``)."""
+    return _default_rule(Rule.TENSOR, batch, collate_fn_map)
+
+
+def collate_numpy_array_fn(
+    batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
+) -> Any:
+    """Stack NumPy arrays: a tensor (an array without torch)."""
+    return _default_rule(Rule.ARRAY, batch, collate_fn_map)
+
+
+def collate_numpy_scalar_fn(
+    batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
+) -> Any:
+    """NumPy scalars to a tensor of their dtype (an array without torch)."""
+    return _default_rule(Rule.SCALAR, batch, collate_fn_map)
+
+
+def collate_float_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Python floats to a float64 tensor (an array without torch)."""
+    return _default_rule(Rule.FLOAT, batch, collate_fn_map)
+
+
+def collate_int_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Python ints to an int64 tensor (bools: bool; an array without torch)."""
+    return _default_rule(Rule.INT, batch, collate_fn_map)
+
+
+def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Strings and bytes stay the list they came in."""
+    return batch
+
+
+default_collate_fn_map: CollateFnMap = {
+    np.ndarray: collate_numpy_array_fn,
+    _NP_SCALARS: collate_numpy_scalar_fn,
+    float: collate_float_fn,
+    int: collate_int_fn,
+    str: collate_str_fn,
+    bytes: collate_str_fn,
+}
+"""conveyor's collate registry: ``{type or tuple of types: fn(batch, *, collate_fn_map)}``,
+torch's ``default_collate_fn_map`` for conveyor, with or without torch. Add an entry
+to have :func:`default_collate` (and :func:`numpy_collate`) collate a type your way;
+with torch installed, ``torch.Tensor`` is its first key, and an entry here wins over
+one for the same type in torch's map."""
+
+_registry = Registries(default_collate_fn_map, collate_tensor_fn)
+
+
+def registrations() -> Registrations | None:
+    """Both registries as they are now, for workers (None: only the defaults)."""
+    return _registry.snapshot()
+
+
+def carry_in(registrations: Registrations) -> None:
+    """In a worker: make both registries what they were in the main process."""
+    _registry.carry_in(registrations)
 
 
 def default_convert(data: Any) -> Any:

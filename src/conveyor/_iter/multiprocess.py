@@ -37,6 +37,7 @@ from .._workers.protocol import (
 )
 from .._workers.remote_error import rebuild
 from .._workers.threads import ThreadPool
+from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import (
     BatchesHeldWarning,
@@ -162,7 +163,9 @@ class MultiprocessIterator:
             )
             for i in range(config.num_workers)
         ]
-        user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn)
+        user = UserObjects(
+            config.dataset, config.collate_fn, config.worker_init_fn, collate_registrations()
+        )
         if pool_factory is None:
             pool_factory = ThreadPool if config.in_threads else WorkerPool
         self._pool = pool_factory(config.start_method, user, self._specs)

@@ -154,7 +154,7 @@ class Encoder:
         self._reclaim = reclaim
         # The batch came from our default collate in a worker deferring torch:
         # its NumPy leaves stand for tensors (see conveyor._torch).
-        self.arrays_as_tensors = arrays_as_tensors
+        self._arrays_as_tensors = arrays_as_tensors
         # Bytes the next batch likely takes: the smaller of the last two (batches are
         # usually alike, and one outlier must not size the next slot too).
         self._size_hint = 0
@@ -169,6 +169,18 @@ class Encoder:
 
     def trim(self) -> None:
         self.arena.trim()
+
+    @property
+    def arrays_as_tensors(self) -> bool:
+        """NumPy leaves stand for tensors the main process makes (see conveyor._torch);
+        set to False once a registered collate function ran (its arrays are arrays)."""
+        return self._arrays_as_tensors
+
+    @arrays_as_tensors.setter
+    def arrays_as_tensors(self, value: bool) -> None:
+        if value != self._arrays_as_tensors:
+            self._metas.clear()  # pickles made the other way
+        self._arrays_as_tensors = value
 
     def collating(self) -> _Collating:
         """Let collate stack arrays straight into a slot sized like the last batch.

@@ -27,7 +27,7 @@ from .. import _datapipes, _scope, _torch
 from .._compat import assert_never
 from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
-from ..collate import default_collate, default_convert
+from ..collate import Registrations, default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, install_in_torch
 from .protocol import (
@@ -56,6 +56,9 @@ class UserObjects:
     dataset: Any
     collate_fn: Callable[[Any], Any]
     worker_init_fn: Callable[[int], Any] | None
+    # The collate registries as the main process had them at iter() (None: defaults
+    # only): a worker process that does not run __main__ gets them from here (loop.py).
+    collate_registrations: Registrations | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,9 @@ class WorkerCore:
         )
         if isinstance(outcome, Collated):
             self.status.stage(Stage.TRANSFER)
+            if transport.arrays_as_tensors and not self.scope.tensors_in_main:
+                # A registered collate function ran: NumPy leaves are NumPy from now on.
+                transport.arrays_as_tensors = False
             encoding = time.monotonic()
             try:
                 payload = transport.encode(outcome.batch)

@@ -21,6 +21,7 @@ import cloudpickle
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
+from ..collate import carry_in
 from ..resources import close_all as close_per_worker_resources
 from . import parent_watch
 from .core import UserObjects, WorkerCore, WorkerSpec
@@ -77,6 +78,10 @@ def worker_main(
     except BaseException as exc:
         out.send(StartupFailed(Stage.STARTUP, capture(exc)))
         return
+    if objects.collate_registrations is not None:
+        # The main process's registries, registrations made in its __main__ included
+        # (not run here), before worker_init_fn can add its own.
+        carry_in(objects.collate_registrations)
     inbox = Inbox(tasks.fileno(), arena)
     encoder = Encoder(arena, reclaim=inbox.reclaim)
     core = WorkerCore(spec, objects, encoder, status, owns_process=True)

@@ -110,4 +110,22 @@ def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> 
             _dumps(obj)
         except Exception as exc:
             return explain_unpicklable(obj, role, exc, role=role, start_method=start_method.name)
+    registrations = user.collate_registrations
+    if registrations is not None:
+        for root, items in (
+            ("torch's default_collate_fn_map", registrations.torch_items or ()),
+            ("conveyor.collate.default_collate_fn_map", registrations.own_items),
+        ):
+            for key, fn in items:
+                name = f"{root}[{key.__qualname__ if isinstance(key, type) else repr(key)}]"
+                try:
+                    _dumps((key, fn))
+                except Exception as exc:
+                    return explain_unpicklable(
+                        fn,
+                        name,
+                        exc,
+                        role="registered collate function",
+                        start_method=start_method.name,
+                    )
     return error
