@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.integration import torchless_datasets as ds
@@ -127,3 +128,25 @@ def test_a_custom_collate_calling_default_collate_still_gets_tensors(method):
     )
     reference = TorchDataLoader(ds.Mixed(), batch_size=4)
     _equal([b["wrapped"] for b in loader], list(reference))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_registration_made_in_the_worker_is_honoured(method):
+    """The worker defers torch until the registered function runs: from then on it builds
+    torch's batches itself, and the function's NumPy array arrives as NumPy."""
+    ours = list(
+        conveyor.DataLoader(
+            ds.Tagged(),
+            batch_size=4,
+            num_workers=1,
+            multiprocessing_context=method,
+            worker_init_fn=ds.register_tags_with_conveyor,
+        )
+    )
+    theirs = list(
+        TorchDataLoader(
+            ds.Tagged(), batch_size=4, num_workers=1, worker_init_fn=ds.register_tags_with_torch
+        )
+    )
+    _equal(ours, theirs)
+    assert [type(b["tag"]) for b in ours] == [np.ndarray] * 3

@@ -101,3 +101,39 @@ def collate_via_default(batch: list) -> dict:
     from conveyor import default_collate
 
     return {"wrapped": default_collate(batch)}
+
+
+class Tag:
+    """A user type collated by a function the worker registers (see register_tags)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class Tagged:
+    """Samples whose tags only a registered collate function can batch."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> dict:
+        return {"vec": np.arange(3, dtype=np.float32) + i, "tag": Tag(i), "n": i}
+
+
+def collate_tags(batch: list, *, collate_fn_map: object = None) -> np.ndarray:
+    """NumPy out: it must reach the main process as NumPy, not as a tensor."""
+    return np.array([t.code for t in batch], dtype=np.int32)
+
+
+def register_tags_with_conveyor(worker_id: int) -> None:
+    """worker_init_fn: a registration made in the worker, in conveyor's map (no torch)."""
+    from conveyor.collate import default_collate_fn_map
+
+    default_collate_fn_map[Tag] = collate_tags
+
+
+def register_tags_with_torch(worker_id: int) -> None:
+    """The same registration for torch's own loader (its worker has torch)."""
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    default_collate_fn_map[Tag] = collate_tags

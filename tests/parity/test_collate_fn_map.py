@@ -25,6 +25,7 @@ from torch.utils.data._utils import collate as torch_collate  # noqa: E402
 
 import conveyor  # noqa: E402
 import conveyor.collate  # noqa: E402
+from tests.helpers.collate_maps import restored_collate_maps  # noqa: E402
 
 from . import registered as reg  # noqa: E402
 from .test_torch_parity import assert_batches_equal, seed_everything  # noqa: E402
@@ -77,25 +78,15 @@ REGISTRATIONS = {
 METHODS = {
     "inline": list(REGISTRATIONS),
     "fork": list(REGISTRATIONS),
-    "forkserver": ["torch-type", "torch-float", "conveyor-type"],
+    "forkserver": ["torch-type-numpy-out", "torch-float", "conveyor-type"],
     "spawn": ["torch-type-numpy-out", "torch-tensor", "torch-bytes-removed", "conveyor-over-torch"],
 }
 
 
 @pytest.fixture
 def collate_maps() -> Iterator[Callable[[], None]]:
-    """Puts both maps back as they were (also when the test fails)."""
-    saved = dict(TORCH_MAP), dict(OWN_MAP)
-
-    def restore() -> None:
-        for live, before in zip((TORCH_MAP, OWN_MAP), saved, strict=True):
-            live.clear()
-            live.update(before)
-
-    try:
+    with restored_collate_maps() as restore:
         yield restore
-    finally:
-        restore()
 
 
 def _batches(loader: Any) -> list[Any]:
