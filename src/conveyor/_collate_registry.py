@@ -68,7 +68,10 @@ class Dispatch:
         self._cache: dict[type, Action] = {}
         # torch's rule for NumPy arrays makes tensors and collates them through the
         # map again: only a function for tensors other than the default one sees them.
-        custom = tensor_type is not None and self._for_type(tensor_type) is not Rule.TENSOR
+        try:
+            custom = tensor_type is not None and self._for_type(tensor_type) is not Rule.TENSOR
+        except TypeError:  # a key isinstance refuses: let the lookup itself raise, as torch's
+            custom = True
         self.tensor_custom = custom
 
     def action(self, elem: Any) -> Action:

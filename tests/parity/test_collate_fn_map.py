@@ -73,11 +73,13 @@ REGISTRATIONS = {
     ),
 }
 
-# Every registration in-process and under fork; a few under forkserver and spawn, where
-# what is new is how the maps reach the workers (spawned workers import torch: slow).
+# Every registration in-process, under fork and in thread workers; a few under forkserver
+# and spawn, where what is new is how the maps reach the workers (spawned workers import
+# torch: slow).
 METHODS = {
     "inline": list(REGISTRATIONS),
     "fork": list(REGISTRATIONS),
+    "thread": list(REGISTRATIONS),  # worker_method="thread": the training process's maps
     "forkserver": ["torch-type-numpy-out", "torch-float", "conveyor-type"],
     "spawn": ["torch-type-numpy-out", "torch-tensor", "torch-bytes-removed", "conveyor-over-torch"],
 }
@@ -109,6 +111,8 @@ def test_registered_functions_give_torchs_batches(
     collate_maps()
     registration.as_made()
     context = {"multiprocessing_context": method} if workers else {}
+    if method == "thread":
+        context = {"worker_method": "thread"}
     got = _batches(conveyor.DataLoader(reg.BoxDataset(), batch_size=4, **workers, **context))
     assert len(got) == len(expected) == 3
     for i, (ours, theirs) in enumerate(zip(got, expected, strict=True)):

@@ -18,14 +18,13 @@ import pytest
 from tests.helpers.collate_maps import restored_collate_maps
 
 import conveyor
+from conveyor import _scope
 from conveyor import collate as conveyor_collate
 from conveyor.collate import (
     collate,
     collate_context,
     default_collate,
     default_collate_fn_map,
-    make_tensors_in_main,
-    makes_tensors_in_main,
     numpy_collate,
 )
 from conveyor.errors import CollateTypeError, UnpicklableError
@@ -321,38 +320,39 @@ def test_numpy_collate_honours_conveyors_map_only() -> None:
 
 
 @pytest.fixture
-def deferring() -> Iterator[None]:
-    """This process collates as a spawned worker that leaves tensors to the main process."""
-    make_tensors_in_main(True)
-    try:
-        yield
-    finally:
-        make_tensors_in_main(False)
+def deferring() -> Iterator[_scope.WorkerScope]:
+    """Collate as a worker core that leaves making tensors to the main process."""
+    with _scope.entered(_scope.WorkerScope(tensors_in_main=True)) as scope:
+        yield scope
 
 
 def test_deferring_worker_keeps_deferring_until_a_registered_function_runs(
-    deferring: None,
+    deferring: _scope.WorkerScope,
 ) -> None:
     torch_map[Box] = box_values
     plain = default_collate([{"x": np.ones(2, np.float32)}] * 2)
     assert type(plain["x"]) is np.ndarray  # stands for a tensor the main process makes
-    assert makes_tensors_in_main()
+    assert deferring.tensors_in_main
     out = default_collate([{"x": np.ones(2, np.float32), "b": Box(1)}] * 2)
-    assert not makes_tensors_in_main()  # the transport now sends arrays as arrays
+    assert not deferring.tensors_in_main  # the transport now sends arrays as arrays
     assert_batches_equal(out, {"x": torch.ones(2, 2), "b": [1, 1]})
 
 
-def test_deferring_worker_stops_when_arrays_reach_a_tensor_entry(deferring: None) -> None:
+def test_deferring_worker_stops_when_arrays_reach_a_tensor_entry(
+    deferring: _scope.WorkerScope,
+) -> None:
     torch_map[torch.Tensor] = kinds
     assert default_collate([np.ones(2), np.ones(2)]) == "Tensor"
-    assert not makes_tensors_in_main()
+    assert not deferring.tensors_in_main
 
 
-def test_deferring_worker_with_a_registered_type_it_does_not_meet(deferring: None) -> None:
+def test_deferring_worker_with_a_registered_type_it_does_not_meet(
+    deferring: _scope.WorkerScope,
+) -> None:
     torch_map[Box] = box_values
     out = default_collate([(1, 2.5), (2, 3.5)])
     assert [type(x) for x in out] == [np.ndarray, np.ndarray]
-    assert makes_tensors_in_main()
+    assert deferring.tensors_in_main
 
 
 # ---------------------------------------------------------------- to workers
