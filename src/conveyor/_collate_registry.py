@@ -10,7 +10,7 @@ with conveyor's entries laid over it (see docs/design.md, "Collate registries").
 A default function, torch's or conveyor's, stands for conveyor's built-in rule
 of the same name (:class:`Rule`): same result, faster, errors explained.
 
-When both maps hold only their defaults, ``current()`` returns None and collate
+When both maps hold only their defaults, ``both()`` returns None and collate
 takes its built-in path with no lookup at all; knowing that costs one dict
 comparison per map and batch, not one lookup per element.
 
