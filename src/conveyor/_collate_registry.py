@@ -94,10 +94,17 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class Registrations:
-    """Both maps' entries, in order, as the main process had them at ``iter()``."""
+    """Both maps' entries, in order, as the main process had them at ``iter()``.
 
-    torch_items: tuple[tuple[Any, Callable[..., Any]], ...] | None  # None: no torch there
+    Nothing here names torch unless a registration does: torch's map is left out
+    while it holds only its defaults, and conveyor's default entry for tensors (its
+    first) is added back where torch is loaded. A worker that needs no torch (a NumPy
+    pipeline with ``numpy_collate``) does not import it for the registrations.
+    """
+
+    torch_items: tuple[tuple[Any, Callable[..., Any]], ...] | None  # None: torch's defaults
     own_items: tuple[tuple[Any, Callable[..., Any]], ...]
+    own_tensor_first: bool = False  # own_items leave out the default first entry for tensors
 
 
 @dataclass(frozen=True)
@@ -230,22 +237,35 @@ class Registries:
         if self.both() is None and self.own_only() is None:
             return None
         torch_map = self._torch_map
-        return Registrations(
-            None if torch_map is None else tuple(torch_map.items()), tuple(self.own.items())
-        )
+        torch_items = None
+        if torch_map is not None and not self._at_defaults(torch_map):
+            torch_items = tuple(torch_map.items())
+        own_items = tuple(self.own.items())
+        tensor_first = bool(own_items) and own_items[0] == (self._tensor_type, self._tensor_fn)
+        if tensor_first:
+            own_items = own_items[1:]
+        return Registrations(torch_items, own_items, tensor_first)
+
+    def _at_defaults(self, collate_fn_map: CollateFnMap) -> bool:
+        items = list(collate_fn_map.items())
+        return self._dispatch(items, dict.fromkeys(collate_fn_map, collate_fn_map)) is None
 
     def carry_in(self, registrations: Registrations) -> None:
-        """In a worker: make both maps the main process's. Unpickling them imported
-        torch when the main process had it (its default entries name torch's objects)."""
+        """In a worker: make both maps the main process's (torch's is left as it is
+        when the main process's held only torch's defaults)."""
         if registrations.torch_items is not None:
             from torch.utils.data._utils import collate as torch_collate
 
             torch_map = torch_collate.default_collate_fn_map
             torch_map.clear()
             torch_map.update(registrations.torch_items)
-        self._carried = True
+        entries = dict(registrations.own_items)
+        if registrations.own_tensor_first and self._tensor_type is not None:
+            entries = {self._tensor_type: self._tensor_fn, **entries}
         self.own.clear()
-        self.own.update(registrations.own_items)
+        self.own.update(entries)
+        # Without torch loaded yet, adopt_torch adds the entry for tensors back, first.
+        self._carried = not registrations.own_tensor_first
         self._both = self._own_only = _NEVER
 
 

@@ -150,3 +150,28 @@ def test_a_registration_made_in_the_worker_is_honoured(method):
     )
     _equal(ours, theirs)
     assert [type(b["tag"]) for b in ours] == [np.ndarray] * 3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_registration_of_conveyors_own_does_not_make_workers_import_torch(method):
+    """The maps reach the workers without naming torch (torch's holds only its defaults):
+    batches that never meet the registered type stay torch-free."""
+    code = textwrap.dedent(
+        f"""
+        import torch, conveyor
+        from conveyor.collate import default_collate_fn_map
+        from tests.integration import torchless_datasets as ds
+        default_collate_fn_map[ds.Tag] = ds.collate_tags
+        loader = conveyor.DataLoader(
+            ds.TorchPresence(), batch_size=2, num_workers=1, multiprocessing_context={method!r}
+        )
+        batches = list(loader)
+        assert isinstance(batches[0]["x"], torch.Tensor), type(batches[0]["x"])
+        print([bool(b) for batch in batches for b in batch["torch_loaded"]])
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([False] * 4)

@@ -397,6 +397,17 @@ def test_an_unpicklable_registration_is_named(tmp_path: Any) -> None:
     assert isinstance(info.value, pickle.PicklingError)
 
 
+def test_a_snapshot_names_torch_only_where_a_registration_does() -> None:
+    default_collate_fn_map[Box] = box_values
+    snapshot = conveyor_collate.registrations()
+    assert snapshot is not None and snapshot.torch_items is None
+    assert snapshot.own_tensor_first
+    assert all(key is not torch.Tensor for key, _ in snapshot.own_items)
+    torch_map[Box] = boxes
+    snapshot = conveyor_collate.registrations()
+    assert snapshot is not None and snapshot.torch_items is not None
+
+
 def test_ordered_registrations_survive_pickling_in_order() -> None:
     torch_map[Box] = boxes
     torch_map[collections.abc.Sequence] = kinds
