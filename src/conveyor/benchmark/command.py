@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from conveyor.benchmark.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor.benchmark.report import render, write_json
-from conveyor.benchmark.runner import BenchOptions, run_benchmark
-from conveyor.benchmark.workloads import WORKLOADS
+from conveyor.benchmark.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
+from conveyor.benchmark.workloads import QUICK_WORKLOADS, WORKLOADS
 
 from .._argtypes import positive_int
 
@@ -24,6 +24,17 @@ def _workload_list(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"unknown workload(s) {', '.join(unknown) or '(none given)'}; "
             f"choose from {', '.join(WORKLOADS)}"
+        )
+    return names
+
+
+def _loader_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in ALL_LOADERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown loader(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(ALL_LOADERS)}"
         )
     return names
 
@@ -47,9 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         type=_workload_list,
-        default=tuple(WORKLOADS),
+        default=None,
         metavar="NAME[,NAME...]",
-        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)",
+        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all; with --quick "
+        f"all but {', '.join(name for name in WORKLOADS if name not in QUICK_WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--loaders",
+        type=_loader_list,
+        default=None,
+        metavar="NAME[,NAME...]",
+        help=f"which loaders, from {', '.join(ALL_LOADERS)} (default: all; with --quick "
+        f"{', '.join(QUICK_LOADERS)}); spdl and grain are optional packages: a row they "
+        "would join says 'not installed' without them",
     )
     parser.add_argument(
         "--quick",
@@ -104,12 +125,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
     repeat = args.repeat or (1 if args.quick else DEFAULT_ROUNDS)
     options = BenchOptions(
-        workloads=args.workloads,
+        workloads=args.workloads or (QUICK_WORKLOADS if args.quick else tuple(WORKLOADS)),
         quick=args.quick,
         repeat=repeat,
         start_method=args.start_method,
         stand_in_torch=args.stand_in_torch,
         seconds=args.seconds,
+        loaders=args.loaders,
     )
     try:
         report = run_benchmark(options)

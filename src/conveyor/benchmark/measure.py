@@ -2,9 +2,12 @@
 time an epoch takes when every epoch starts its workers anew, or a training loop's
 time spent waiting for data.
 
-Both kinds of run record main-process CPU time, the peak of the summed RSS of the main
-process and its descendants (sampled a few times, so approximate), and how many worker
-processes were still alive a while after the loader was dropped.
+Every run records the main process's CPU time and minor page faults; the CPU time and
+minor page faults of its descendants (the loader's workers: children, or the fork server's
+children under ``forkserver``; multiprocessing's helpers left out), read from ``/proc`` at
+both ends of the window; the peak of the summed RSS of the main process and its
+descendants (sampled a few times, so approximate); and how many worker processes were still
+alive a while after the loader was dropped.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 import multiprocessing
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
@@ -30,6 +35,7 @@ except ImportError:  # not on Unix
 from conveyor.benchmark.workloads import MapDataset, WindowSpec, hand_collate
 
 LoaderFactory = Callable[[], Iterable[Any]]
+Collate = Callable[[Any], Any]
 
 # multiprocessing's own helpers outlive any one loader by design; they are not leaks.
 _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -53,6 +59,11 @@ class Measurement:
     waited_s: float = 0.0  # train: time the loop spent in next(), waiting for a batch
     copy_s: float = 0.0  # train, with an accelerator: time copying batches to it
     copied_bytes: int = 0
+    # The descendants' (workers'): CPU time and minor faults in the window; None where
+    # they cannot be read (not Linux), 0 with no worker process.
+    workers_cpu_s: float | None = None
+    workers_page_faults: int | None = None
+    worker_processes: int = 0  # descendants seen at the window's end (helpers left out)
 
     @property
     def waited_share(self) -> float:
@@ -81,6 +92,23 @@ class Measurement:
             return None
         return self.main_page_faults / self.batches
 
+    @property
+    def workers_cpu_ms_per_batch(self) -> float | None:
+        if self.workers_cpu_s is None or not self.batches:
+            return None
+        return 1000.0 * self.workers_cpu_s / self.batches
+
+    @property
+    def workers_faults_per_batch(self) -> float | None:
+        if self.workers_page_faults is None or not self.batches:
+            return None
+        return self.workers_page_faults / self.batches
+
+    @property
+    def total_cpu_ms_per_batch(self) -> float:
+        """Main process and workers: all the CPU a batch cost."""
+        return self.main_cpu_ms_per_batch + (self.workers_cpu_ms_per_batch or 0.0)
+
 
 def first_column(batch: Any) -> Any:
     """The first field of a collated batch (every workload's sample is a tuple)."""
@@ -107,16 +135,27 @@ def touch(batch: Any) -> int:
 
 
 class PlainLoop:
-    """The ceiling: index the dataset and collate by hand, in the main process."""
+    """The ceiling: index the dataset and collate by hand (or with the workload's own
+    ``collate_fn``), in the main process; ``batches`` of them from batch ``first`` on."""
 
-    def __init__(self, dataset: MapDataset, batch_size: int) -> None:
+    def __init__(
+        self,
+        dataset: MapDataset,
+        batch_size: int,
+        collate: Collate | None = None,
+        first: int = 0,
+        batches: int | None = None,
+    ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
+        self.collate = collate or hand_collate
+        self.first = first
+        self.batches = len(dataset) // batch_size - first if batches is None else batches
 
     def __iter__(self) -> Iterator[Any]:
-        dataset, size = self.dataset, self.batch_size
-        for start in range(0, len(dataset) - size + 1, size):
-            yield hand_collate([dataset[i] for i in range(start, start + size)])
+        dataset, size, collate = self.dataset, self.batch_size, self.collate
+        for batch in range(self.first, self.first + self.batches):
+            yield collate([dataset[i] for i in range(batch * size, (batch + 1) * size)])
 
 
 @dataclass(frozen=True)
@@ -164,6 +203,60 @@ def _process_tree() -> list[psutil.Process]:
     return [me, *me.children(recursive=True)]
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> tuple[float, int] | None:
+    """CPU seconds (user + system) and minor page faults of ``pid``, from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # After "pid (comm) ": state is field 3; minflt is field 10, utime 14, stime 15.
+    fields = text[text.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[7])
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    """CPU seconds and minor page faults of each worker process: the main process's
+    descendants (the fork server's children under ``forkserver`` are among them),
+    multiprocessing's own helpers left out. Faults are None where ``/proc`` is missing."""
+
+    usage: dict[int, tuple[float, int | None]]
+
+    @staticmethod
+    def read() -> TreeUsage:
+        usage: dict[int, tuple[float, int | None]] = {}
+        for proc in psutil.Process().children(recursive=True):
+            if _is_helper(proc):
+                continue
+            stat = _proc_stat(proc.pid)
+            if stat is not None:
+                usage[proc.pid] = stat
+                continue
+            try:  # no /proc: CPU only
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            usage[proc.pid] = (times.user + times.system, None)
+        return TreeUsage(usage)
+
+    def since(self, before: TreeUsage) -> tuple[float, int | None]:
+        """CPU seconds and faults since ``before`` of the processes alive now (one that
+        started meanwhile counts from its start; one that ended meanwhile is not seen)."""
+        cpu, faults, known = 0.0, 0, True
+        for pid, (now_cpu, now_faults) in self.usage.items():
+            then_cpu, then_faults = before.usage.get(pid, (0.0, 0))
+            cpu += now_cpu - then_cpu
+            if now_faults is None or then_faults is None:
+                known = False
+            else:
+                faults += now_faults - then_faults
+        return cpu, faults if known else None
+
+
 def _tree_rss() -> int:
     total = 0
     for proc in _process_tree():
@@ -173,11 +266,15 @@ def _tree_rss() -> int:
 
 
 def _is_helper(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is one of multiprocessing's helpers (not a fork server's child: a
+    forked child keeps its parent's command line)."""
     try:
         cmdline = " ".join(proc.cmdline())
+        parent = proc.parent()
+        inherited = " ".join(parent.cmdline()) if parent is not None else ""
     except psutil.Error:
         return False
-    return any(name in cmdline for name in _HELPERS)
+    return any(name in cmdline and name not in inherited for name in _HELPERS)
 
 
 def _children() -> set[int]:
@@ -241,6 +338,17 @@ def _time_window(
     peak = _tree_rss()
     next_sample = 1
     samples = batches = 0
+    if window.seconds > 0:  # memory at each quarter of the window's time, or of its batches
+
+        def sample_at(elapsed: float, batches: int) -> float:
+            return elapsed * _MEMORY_SAMPLES / window.seconds
+
+    else:
+
+        def sample_at(elapsed: float, batches: int) -> float:
+            return batches * _MEMORY_SAMPLES / window.max_batches
+
+    workers0 = TreeUsage.read()
     faults0, cpu0 = _minor_faults(), time.process_time()
     t0 = now = time.perf_counter()
     while batches < window.max_batches and (
@@ -256,12 +364,25 @@ def _time_window(
         del batch  # a training step runs on the device's copy: the host batch can go
         batches += 1
         now = time.perf_counter()
-        if now - t0 >= next_sample * window.seconds / _MEMORY_SAMPLES:
+        if sample_at(now - t0, batches) >= next_sample:
             next_sample += 1
             peak = max(peak, _tree_rss())
     seconds = now - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
-    result = Measurement(batches, samples, seconds, cpu, peak, 0, faults)
+    workers = TreeUsage.read()
+    workers_cpu, workers_faults = workers.since(workers0)
+    result = Measurement(
+        batches,
+        samples,
+        seconds,
+        cpu,
+        peak,
+        0,
+        faults,
+        workers_cpu_s=workers_cpu,
+        workers_page_faults=workers_faults,
+        worker_processes=len(workers.usage),
+    )
     if train is None:
         return result
     return dataclasses.replace(
@@ -342,27 +463,93 @@ def measure_startup(make_loader: LoaderFactory) -> Measurement:
     return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
 
 
-def parallel_speedup(work: Callable[[], None], processes: int, pairs: int = 3) -> float:
-    """How much more work ``processes`` parallel copies of ``work`` get done than one run.
+@dataclass(frozen=True)
+class MachineCheck:
+    """What ``processes`` bare processes (no loader) doing a workload's plain loop get done
+    against one: the most that many workers can reach on this machine right now, and what
+    the work itself costs in CPU when that many processes run it side by side."""
 
-    The machine's own ceiling for spreading pure-Python work over processes right now. One
-    run and one parallel round are timed back to back, ``pairs`` times; the median ratio is
-    returned, so a burst of load from elsewhere skews one pair, not the answer. ``work``
-    must pickle where the default start method is not fork.
-    """
-    ratios = []
+    processes: int
+    speedup: float  # the median over the pairs of: processes x one's time / theirs
+    single_cpu_ms_per_batch: float  # one process alone (median over the pairs)
+    parallel_cpu_ms_per_batch: float  # side by side (the median over the pairs)
+    batches: int  # each process's, in each run
+
+
+def _run_batches(loop: Iterable[Any]) -> None:
+    for batch in loop:
+        touch(batch)
+
+
+def _timed_copy(
+    loop: Callable[[int], Iterable[Any]], batches: int, start: Any, results: Connection
+) -> None:
+    """One of the parallel copies: warm up alone, start with the others, report back."""
+    _run_batches(loop(1))  # this process's own first-touch costs, before the clock
+    start.wait()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    _run_batches(loop(batches))
+    results.send((t0, time.perf_counter(), time.process_time() - cpu0))
+    results.close()
+
+
+def _side_by_side(
+    loop: Callable[[int], Iterable[Any]], processes: int, batches: int
+) -> tuple[float, float]:
+    """Run ``loop(batches)`` in ``processes`` forked copies at once; their wall time
+    (first start to last end, timed in the copies: forking and exiting left out) and
+    their CPU seconds in all."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    start = context.Barrier(processes)
+    pipes = [context.Pipe(duplex=False) for _ in range(processes)]
+    copies = [
+        context.Process(target=_timed_copy, args=(loop, batches, start, sender), daemon=True)
+        for _, sender in pipes
+    ]
+    for proc in copies:
+        proc.start()
+    for _, sender in pipes:
+        sender.close()
+    reports = [receiver.recv() for receiver, _ in pipes]
+    for proc in copies:
+        proc.join()
+    wall = max(end for _, end, _ in reports) - min(begin for begin, _, _ in reports)
+    return wall, sum(cpu for _, _, cpu in reports)
+
+
+def machine_check(
+    loop: Callable[[int], Iterable[Any]],
+    processes: int,
+    seconds: float,
+    max_batches: int,
+    pairs: int = 3,
+) -> MachineCheck:
+    """Time ``loop(n)`` (a plain loop of ``n`` batches, ``n`` chosen to take about
+    ``seconds``, at most ``max_batches``) alone, then ``processes`` copies of it side by
+    side in forked processes, ``pairs`` times back to back; the median ratio, so a burst of
+    load from elsewhere skews one pair, not the answer. Without fork, ``loop`` must pickle."""
+    _run_batches(loop(1))  # warm: first-touch costs, lazy imports
+    start = time.perf_counter()
+    _run_batches(loop(1))
+    once = time.perf_counter() - start
+    batches = max(1, min(max_batches, math.ceil(seconds / max(once, 1e-9))))
+    ratios, single_cpu, parallel_cpu = [], [], []
     for _ in range(pairs):
-        start = time.perf_counter()
-        work()
+        cpu0, start = time.process_time(), time.perf_counter()
+        _run_batches(loop(batches))
         single = time.perf_counter() - start
-        copies = [multiprocessing.Process(target=work) for _ in range(processes)]
-        start = time.perf_counter()
-        for proc in copies:
-            proc.start()
-        for proc in copies:
-            proc.join()
-        ratios.append(processes * single / (time.perf_counter() - start))
-    return statistics.median(ratios)
+        single_cpu.append((time.process_time() - cpu0) / batches)
+        wall, cpu = _side_by_side(loop, processes, batches)
+        ratios.append(processes * single / wall)
+        parallel_cpu.append(cpu / (processes * batches))
+    return MachineCheck(
+        processes,
+        statistics.median(ratios),
+        1000 * statistics.median(single_cpu),
+        1000 * statistics.median(parallel_cpu),
+        batches,
+    )
 
 
 def cpu_count_line() -> str:

@@ -1,8 +1,9 @@
 """A bar chart of a benchmark report: ``conveyor bench --plot out.png``; needs matplotlib.
 
-The left panel has samples/s per throughput workload (log scale): conveyor and torch with
-workers, conveyor with ``num_workers=0``, and the reference loop. The right one has the
-rows measured in seconds (start-up, short epochs): conveyor and torch, lower is better.
+The left panel has samples/s per throughput workload (log scale): conveyor and torch (and
+SPDL and Grain, where they ran) with workers, conveyor with ``num_workers=0``, and the
+reference loop. The right one has the rows measured in seconds (start-up, short epochs):
+conveyor and torch, lower is better.
 Each bar is the median over the rounds; its whisker spans the slowest to the fastest round.
 """
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.benchmark.runner import INLINE_CONFIG, REFERENCE, BenchReport, Row
+from conveyor.benchmark.rows import INLINE_CONFIG, REFERENCE, Row
+from conveyor.benchmark.runner import BenchReport
 
 
 class MatplotlibMissingError(ImportError):
@@ -29,6 +31,8 @@ class Series:
 
 WORKERS_CONVEYOR = Series("conveyor, workers", "#1f77b4")
 WORKERS_TORCH = Series("torch, workers", "#ff7f0e")
+WORKERS_SPDL = Series("spdl, workers", "#2ca02c")
+WORKERS_GRAIN = Series("grain, workers", "#9467bd")
 INLINE_CONVEYOR = Series("conveyor, num_workers=0", "#8fbbe0")
 REFERENCE_LOOP = Series("reference loop", "#7f7f7f")
 
@@ -88,6 +92,8 @@ def throughput_groups(report: BenchReport) -> list[Group]:
             workload,
             _bar(workers, "conveyor", WORKERS_CONVEYOR),
             _bar(workers, "torch", WORKERS_TORCH),
+            _bar(workers, "spdl", WORKERS_SPDL),
+            _bar(workers, "grain", WORKERS_GRAIN),
             _bar(inline, "conveyor", INLINE_CONVEYOR),
             _bar(reference, REFERENCE, REFERENCE_LOOP),
         )

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.benchmark.runner import LOADERS, PLAIN, REFERENCE, BenchReport, Row
+from conveyor.benchmark.rows import ALTERNATIVES, LOADERS, PLAIN, REFERENCE, Row
+from conveyor.benchmark.runner import BenchReport
 
 DASH = "-"
 UNITS = {"startup": "seconds", "epochs": "seconds per epoch"}
-SUMMARY_HEADER = ("workload", "config", "conveyor samples/s", "torch samples/s", "ratio", "notes")
 DETAILS_HEADER = (
     "workload",
     "config",
@@ -21,7 +20,10 @@ DETAILS_HEADER = (
     "median",
     "min - max",
     "main CPU ms/batch",
+    "workers CPU ms/batch",
+    "loader's own CPU ms/batch",
     "main faults/batch",
+    "workers faults/batch",
     "peak RSS MB",
     "runs",
 )
@@ -57,10 +59,21 @@ def _cell(row: Row, loader: str) -> str:
         return DASH
     if loader in row.errors:
         return "error"
+    if loader in row.missing:
+        return row.missing[loader]
     return with_spread(row, loader)
 
 
+def columns(report: BenchReport) -> tuple[str, ...]:
+    """The summary's loader columns: conveyor, torch, and each alternative that joined a
+    row (ran, failed, or is not installed)."""
+    joined = {name for row in report.rows for name in (*row.runs, *row.errors, *row.missing)}
+    return (*LOADERS, *(name for name in ALTERNATIVES if name in joined))
+
+
 def summary_table(report: BenchReport) -> str:
+    loaders = columns(report)
+    header = ("workload", "config", *(f"{name} samples/s" for name in loaders), "ratio", "notes")
     body = []
     for row in report.rows:
         ratio = row.ratio()
@@ -68,26 +81,28 @@ def summary_table(report: BenchReport) -> str:
             (
                 row.workload,
                 row.config,
-                _cell(row, "conveyor"),
-                _cell(row, "torch"),
+                *(_cell(row, name) for name in loaders),
                 DASH if ratio is None else f"{ratio:.2f}x",
                 "; ".join(row.notes),
             )
         )
-    return _table(SUMMARY_HEADER, body)
+    return _table(header, body)
+
+
+def _figure(value: float | None, digits: int = 2) -> str:
+    return DASH if value is None else f"{value:,.{digits}f}"
 
 
 def details_table(report: BenchReport) -> str:
     body = []
     for row in report.rows:
-        for loader in (*LOADERS, PLAIN, REFERENCE):
+        for loader in (*LOADERS, *ALTERNATIVES, PLAIN, REFERENCE):
             runs = row.runs.get(loader)
             if not runs:
                 continue
             values = row.values(loader)
             rss = [m.peak_rss_bytes for m in runs if m.peak_rss_bytes is not None]
-            cpu = statistics.median(m.main_cpu_ms_per_batch for m in runs)
-            faults = [f for m in runs if (f := m.main_faults_per_batch) is not None]
+            workers = row.per_batch(loader, "workers_cpu_ms_per_batch")
             body.append(
                 (
                     row.workload,
@@ -95,13 +110,31 @@ def details_table(report: BenchReport) -> str:
                     loader,
                     _value(row, row.median(loader)),
                     f"{_value(row, min(values))} - {_value(row, max(values))}",
-                    f"{cpu:.2f}",
-                    f"{statistics.median(faults):,.0f}" if faults else DASH,
+                    _figure(row.per_batch(loader, "main_cpu_ms_per_batch")),
+                    _figure(workers if any(m.worker_processes for m in runs) else None),
+                    _figure(row.loader_cpu_ms.get(loader)),
+                    _figure(row.per_batch(loader, "main_faults_per_batch"), 0),
+                    _figure(row.per_batch(loader, "workers_faults_per_batch"), 0),
                     f"{max(rss) / 2**20:,.0f}" if rss else DASH,
                     str(len(runs)),
                 )
             )
     return _table(DETAILS_HEADER, body)
+
+
+def machine_checks(report: BenchReport) -> str:
+    """One line per machine check: the plain loop in N bare processes against one."""
+    lines = []
+    for row in report.rows:
+        if (check := row.machine) is None:
+            continue
+        side = _figure(check.parallel_cpu_ms_per_batch)
+        lines.append(
+            f"- {row.workload}: {check.processes} bare processes ran {check.speedup:.2f}x "
+            f"one; CPU per batch {check.single_cpu_ms_per_batch:,.2f} ms alone, {side} ms "
+            f"side by side ({check.batches} batches a process)"
+        )
+    return "\n".join(lines)
 
 
 def render(report: BenchReport) -> str:
@@ -128,9 +161,18 @@ def render(report: BenchReport) -> str:
             "## Details",
             details_table(report),
             "main CPU: the main process's CPU time per timed batch (all its threads). "
-            "main faults: its minor page faults per batch (fresh memory being touched). "
-            "peak RSS: the largest sum of RSS over the main process and its children among a "
-            "few samples; pages shared between processes count once per process.",
+            "workers CPU: the CPU time of its descendants (the workers; under forkserver the "
+            "fork server's children; multiprocessing's helpers left out), read from /proc "
+            "when the window starts and ends, per batch. loader's own CPU: main + workers CPU "
+            "less the plain loop's CPU per batch for the same work (for rows with workers, "
+            "the machine check's: the plain loop in as many bare processes side by side), so "
+            "it holds collate where the loader collates by default and any slowdown the "
+            "work suffers from sharing cores with the loader's own processes; noisy, "
+            "can be below 0. faults: minor page faults per batch (fresh memory touched). "
+            "peak RSS: the largest sum of RSS over the main process and its descendants, "
+            "sampled when the window starts and at each quarter of it; pages shared "
+            "between processes count once per process.",
+            *(["## Machine checks", checks] if (checks := machine_checks(report)) else []),
         ]
     )
 
@@ -149,9 +191,12 @@ def to_json(report: BenchReport) -> dict[str, Any]:
                         "samples_per_s": m.samples_per_s,
                         "main_cpu_ms_per_batch": m.main_cpu_ms_per_batch,
                         "main_faults_per_batch": m.main_faults_per_batch,
+                        "workers_cpu_ms_per_batch": m.workers_cpu_ms_per_batch,
+                        "workers_faults_per_batch": m.workers_faults_per_batch,
                     }
                     for m in runs
                 ],
+                "loader_cpu_ms_per_batch": row.loader_cpu_ms.get(loader),
             }
             for loader, runs in row.runs.items()
         }
@@ -161,8 +206,15 @@ def to_json(report: BenchReport) -> dict[str, Any]:
                 "config": row.config,
                 "kind": row.kind,
                 "ratio": row.ratio(),
+                "conveyor_vs": {
+                    name: ratio
+                    for name in ("torch", *ALTERNATIVES)
+                    if (ratio := row.ratio(name)) is not None
+                },
                 "notes": row.notes,
                 "errors": row.errors,
+                "missing": row.missing,
+                "machine_check": None if row.machine is None else dataclasses.asdict(row.machine),
                 "results": results,
             }
         )

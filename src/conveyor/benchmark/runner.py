@@ -8,49 +8,66 @@ and the benchmark goes on.
 
 from __future__ import annotations
 
-import functools
 import gc
 import importlib
 import multiprocessing
 import platform
-import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
+from conveyor.benchmark import alternatives
 from conveyor.benchmark.measure import (
     Accelerator,
     LoaderFactory,
+    MachineCheck,
     Measurement,
     PlainLoop,
     cpu_count_line,
+    machine_check,
     measure_epochs,
     measure_startup,
     measure_throughput,
     measure_training,
-    parallel_speedup,
 )
+from conveyor.benchmark.notes import annotate
 from conveyor.benchmark.reference import SharedMemoryLoop
-from conveyor.benchmark.workloads import (
-    WORKLOADS,
-    CpuDataset,
-    MapDataset,
-    WorkloadSpec,
-    spin_many,
+from conveyor.benchmark.rows import (
+    ALTERNATIVES,
+    INLINE_CONFIG,
+    LOADERS,
+    NOT_INSTALLED,
+    PLAIN,
+    REFERENCE,
+    TIMED_KINDS,
+    Row,
+    RowKind,
 )
+from conveyor.benchmark.workloads import WORKLOADS, MapDataset, WorkloadSpec
 
-LOADERS = ("conveyor", "torch")
-PLAIN = "plain"
-REFERENCE = "reference"
-INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row
+__all__ = [
+    "ALTERNATIVES",
+    "INLINE_CONFIG",
+    "LOADERS",
+    "PLAIN",
+    "REFERENCE",
+    "TIMED_KINDS",
+    "BenchOptions",
+    "BenchReport",
+    "Row",
+    "RowKind",
+    "run_benchmark",
+]
+
+ALL_LOADERS = (*LOADERS, *ALTERNATIVES)
+QUICK_LOADERS = LOADERS  # --quick leaves the alternatives out unless --loaders names them
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
+_MACHINE_CHECK_S = (0.3, 0.05)  # each process's run in the machine check: full, --quick
 
-RowKind = Literal["throughput", "startup", "epochs", "train", "baseline", "reference", "features"]
-TIMED_KINDS = ("startup", "epochs")  # rows whose figure is seconds: lower is better
 # conveyor's per-batch features, all on: what they cost is the gap to the workers row.
 FEATURES: dict[str, Any] = {"reseed": "batch", "snapshot_every_n_steps": 1, "on_error": "skip"}
 LoaderClass = Callable[..., Iterable[Any]]
@@ -67,8 +84,14 @@ class BenchOptions:
     start_method: str | None = None
     stand_in_torch: bool = False
     seconds: float = 3.0
+    loaders: tuple[str, ...] | None = None  # None: all, or with quick conveyor and torch
 
     def __post_init__(self) -> None:
+        unknown_loaders = [name for name in self.loaders or () if name not in ALL_LOADERS]
+        if unknown_loaders or self.loaders == ():
+            raise ValueError(
+                f"loaders={list(self.loaders or ())!r}: choose from {', '.join(ALL_LOADERS)}"
+            )
         if not self.seconds > 0:
             raise ValueError(f"seconds={self.seconds!r}: must be positive")
         unknown = [name for name in self.workloads if name not in WORKLOADS]
@@ -84,54 +107,11 @@ class BenchOptions:
                 f"start_method={self.start_method!r}: this platform has {', '.join(methods)}"
             )
 
-
-@dataclass
-class Row:
-    """One line of the table: a workload in one configuration, every loader's runs."""
-
-    workload: str
-    config: str
-    kind: RowKind
-    runs: dict[str, list[Measurement]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
     @property
-    def timed(self) -> bool:
-        """Whether the figure is seconds (lower is better) rather than samples/s."""
-        return self.kind in TIMED_KINDS
-
-    def values(self, loader: str) -> list[float]:
-        """One figure per round: samples/s, seconds to first batch (startup) or seconds
-        per epoch (epochs)."""
-        runs = self.runs.get(loader, [])
-        if self.kind == "startup":
-            return [m.seconds for m in runs]
-        if self.kind == "epochs":
-            return [m.seconds_per_epoch or 0.0 for m in runs]
-        return [m.samples_per_s for m in runs]
-
-    def median(self, loader: str) -> float | None:
-        """The median over the rounds of ``values(loader)``; None if it failed or never ran."""
-        values = self.values(loader)
-        if not values or loader in self.errors:
-            return None
-        return statistics.median(values)
-
-    def spread(self, loader: str) -> float | None:
-        """How far the farthest round is from the median, as a share of it (0.03: every
-        round within 3%); None with fewer than two rounds."""
-        values, median = self.values(loader), self.median(loader)
-        if len(values) < 2 or not median:
-            return None
-        return max(abs(v - median) for v in values) / median
-
-    def ratio(self) -> float | None:
-        """conveyor's speedup over torch (higher is better for conveyor)."""
-        mine, theirs = self.median("conveyor"), self.median("torch")
-        if mine is None or theirs is None or mine <= 0 or theirs <= 0:
-            return None
-        return theirs / mine if self.timed else mine / theirs
+    def chosen_loaders(self) -> tuple[str, ...]:
+        """The loaders to run, in the columns' order."""
+        wanted = self.loaders or (QUICK_LOADERS if self.quick else ALL_LOADERS)
+        return tuple(name for name in ALL_LOADERS if name in wanted)
 
 
 @dataclass
@@ -147,9 +127,15 @@ class _Loaders:
     descriptions: dict[str, str]
 
 
-def _resolve_loaders(stand_in_torch: bool) -> _Loaders:
+def _resolve_loaders(options: BenchOptions) -> _Loaders:
     classes: dict[str, LoaderClass] = {}
     described: dict[str, str] = {}
+    for name in ALTERNATIVES:
+        if name in options.chosen_loaders:
+            described[name] = alternatives.describe(name)
+            if described[name] != NOT_INSTALLED:
+                classes[name] = alternatives.LOADERS[name]
+    stand_in_torch = options.stand_in_torch
     try:
         torch_loader = importlib.import_module("torch.utils.data").DataLoader
     except ImportError as exc:
@@ -191,6 +177,11 @@ def describe_environment(loaders: _Loaders, torch_threads: str) -> dict[str, str
         "psutil": _version("psutil"),
         "conveyor column": loaders.descriptions.get("conveyor", "-"),
         "torch column": loaders.descriptions.get("torch", "-"),
+        **{
+            f"{name} column": loaders.descriptions[name]
+            for name in ALTERNATIVES
+            if name in loaders.descriptions
+        },
         "default start method": default_method,
         "torch threads in main process": torch_threads,
     }
@@ -204,7 +195,13 @@ def _loader_factory(
     method: str | None,
     extra: dict[str, Any] | None = None,
 ) -> LoaderFactory:
-    kwargs: dict[str, Any] = {"batch_size": spec.batch_size, "shuffle": False, **(extra or {})}
+    kwargs: dict[str, Any] = {"batch_size": spec.batch_size, **(extra or {})}
+    if spec.collate_fn is not None:
+        kwargs["collate_fn"] = spec.collate_fn
+    if cls in alternatives.LOADERS.values():  # their own arguments: see alternatives.py
+        kwargs.update(num_workers=workers, multiprocessing_context=method)
+        return lambda: cls(dataset, **kwargs)
+    kwargs["shuffle"] = False
     if workers:
         kwargs.update(
             num_workers=workers,
@@ -257,7 +254,7 @@ def _run_row(
             try:
                 result = measure(factories[name])
             except Exception as exc:  # a loader's failure goes on its row, not up the stack
-                row.errors[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                row.errors[name] = _failure(exc)
                 progress(f"  {row.workload} | {row.config} | {name}: FAILED {row.errors[name]}")
                 continue
             row.runs.setdefault(name, []).append(result)
@@ -272,95 +269,6 @@ def _run_row(
             progress(f"  {row.workload} | {row.config} | {name} #{attempt + 1}: {value}")
 
 
-def _rate(row: Row, loader: str) -> str:
-    """A row's median samples/s for a note, with its spread over the rounds if any."""
-    spread = row.spread(loader)
-    text = f"{row.median(loader) or 0:,.0f} samples/s"
-    return text if spread is None else f"{text} ±{spread:.0%}"
-
-
-def _annotate(spec: WorkloadSpec, rows: list[Row], scaling: float | None) -> None:
-    plain = next((r for r in rows if r.kind == "baseline"), None)
-    base = plain.median(PLAIN) if plain else None
-    reference_row = next((r for r in rows if r.kind == "reference"), None)
-    reference = reference_row.median(REFERENCE) if reference_row else None
-    inline = next((r for r in rows if r.config == INLINE_CONFIG), None)
-    workers = next((r for r in rows if r.kind == "throughput" and r is not inline), None)
-    for row in rows:
-        plain_workers = workers.median("conveyor") if workers else None
-        if row.kind == "features" and (v := row.median("conveyor")) and plain_workers:
-            row.notes.append(
-                f"of the same loader without them: {v / plain_workers:.0%} (target >= 90%)"
-            )
-        workers_row = row.kind == "throughput" and row is not inline
-        if workers_row and reference:
-            shares = [f"{n} {v / reference:.0%}" for n in LOADERS if (v := row.median(n))]
-            row.notes.append(f"of reference loop: {', '.join(shares)} (target >= 90%)")
-        if workers_row and inline is not None:
-            shares = [
-                f"{n} {v / w:.2f}x"
-                for n in LOADERS
-                if (v := row.median(n)) and (w := inline.median(n))
-            ]
-            row.notes.append(f"vs its num_workers=0: {', '.join(shares)}")
-        if row.kind == "reference" and reference:
-            row.notes.append(
-                f"{_rate(row, REFERENCE)}; the design's limit here: workers write samples "
-                "into shared memory, views to the consumer, nothing else"
-            )
-        if row.kind == "baseline" and base:
-            row.notes.append(f"{_rate(row, PLAIN)}; no loader: index + collate by hand (NumPy)")
-            if scaling:
-                row.notes.append(
-                    f"machine check: {spec.num_workers} bare processes of this work ran "
-                    f"{scaling:.2f}x one (the most {spec.num_workers} workers can reach here)"
-                )
-        elif row.kind == "startup":
-            row.notes.append("time to first batch, lower is better; ratio = torch / conveyor")
-        elif row.kind == "epochs":
-            row.notes.append(
-                "time an epoch takes, its workers' start-up included, lower is better; "
-                "ratio = torch / conveyor"
-            )
-        elif base and row.kind == "throughput":
-            if spec.target_speedup:
-                shares = [f"{n} {v / base:.2f}x" for n in LOADERS if (v := row.median(n))]
-                target = f"target >= {spec.target_speedup}x"
-                row.notes.append(f"vs single process: {', '.join(shares)} ({target})")
-            else:
-                shares = [f"{n} {v / base:.0%}" for n in LOADERS if (v := row.median(n))]
-                row.notes.append(f"of plain loop: {', '.join(shares)}")
-        if row.kind == "train":
-            row.notes.extend(_training_notes(row))
-        if spec.ideal_samples_per_s and row.kind in ("throughput", "train"):
-            ideal = spec.ideal_samples_per_s
-            shares = [f"{n} {v / ideal:.0%}" for n in LOADERS if (v := row.median(n))]
-            row.notes.append(f"of ideal {ideal:,.0f}/s: {', '.join(shares)}")
-        for name, runs in row.runs.items():
-            leaked = max(m.leaked_processes for m in runs)
-            if leaked:
-                row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
-        row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
-
-
-def _training_notes(row: Row) -> list[str]:
-    """How long the training loop waited for data, and how fast batches reached the
-    accelerator (median over the rounds)."""
-    waited, copies = [], []
-    for name in LOADERS:
-        runs = row.runs.get(name)
-        if not runs or name in row.errors:
-            continue
-        waited.append(f"{name} {statistics.median(m.waited_share for m in runs):.1%}")
-        rates = [rate for m in runs if (rate := m.copy_bytes_per_s) is not None]
-        if rates:
-            copies.append(f"{name} {statistics.median(rates) / 1e9:.1f} GB/s")
-    notes = [f"waiting for data: {', '.join(waited)} of the loop"] if waited else []
-    if copies:
-        notes.append(f"copy to the accelerator: {', '.join(copies)}")
-    return notes
-
-
 def _run_workload(
     spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
 ) -> list[Row]:
@@ -368,10 +276,18 @@ def _run_workload(
     method = methods[0] if methods else None
     window = spec.window(options.quick, options.seconds)
     length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
-    dataset = spec.make_dataset(length, options.quick)
+    try:
+        dataset = spec.make_dataset(length, options.quick)
+    except Exception as exc:  # e.g. decode without Pillow: this workload's row says why
+        row = Row(spec.name, _config_label(spec, method), "throughput")
+        row.errors = {name: _failure(exc) for name in LOADERS if name in loaders.classes}
+        progress(f"[{spec.name}] FAILED to build its dataset: {_failure(exc)}")
+        annotate(spec, [row])
+        return [row]
     progress(f"[{spec.name}] dataset of {len(dataset):,} samples")
     gc.collect()  # what came before is gone; each run collects its own loader after it
     rows: list[Row] = []
+    chosen = options.chosen_loaders
 
     def loader_row(
         config: str,
@@ -379,13 +295,20 @@ def _run_workload(
         workers: int,
         method: str | None = method,
         extra: dict[str, Any] | None = None,
+        names: tuple[str, ...] = LOADERS,
     ) -> tuple[Row, dict[str, LoaderFactory]]:
-        factories = {
-            name: _loader_factory(loaders.classes[name], dataset, spec, workers, method, extra)
-            for name in LOADERS
-            if name in loaders.classes
-        }
-        return Row(spec.name, config, kind), factories
+        row = Row(spec.name, config, kind)
+        factories = {}
+        for name in names:
+            if name not in chosen:
+                continue
+            if name not in loaders.classes:
+                if name in ALTERNATIVES:
+                    row.missing[name] = loaders.descriptions.get(name, NOT_INSTALLED)
+                continue
+            cls = loaders.classes[name]
+            factories[name] = _loader_factory(cls, dataset, spec, workers, method, extra)
+        return row, factories
 
     def throughput(factory: LoaderFactory) -> Measurement:
         return measure_throughput(factory, window)
@@ -419,25 +342,28 @@ def _run_workload(
             _run_row(row, factories, epochs, options.repeat, progress)
             rows.append(row)
     else:
-        plan = [(_config_label(spec, method), spec.num_workers)]
+        names = ALL_LOADERS if spec.alternatives else LOADERS
+        row, factories = loader_row(
+            _config_label(spec, method), "throughput", spec.num_workers, names=names
+        )
+        _run_row(row, factories, throughput, options.repeat, progress)
+        rows.append(row)
         if spec.inline_rows:
-            plan.append((INLINE_CONFIG, 0))
-        for config, workers in plan:
-            row, factories = loader_row(config, "throughput", workers)
+            row, factories = loader_row(INLINE_CONFIG, "throughput", 0)
             _run_row(row, factories, throughput, options.repeat, progress)
             rows.append(row)
-        if spec.features_row and not options.stand_in_torch:
-            config = f"{plan[0][0]}, reseed='batch', on_error='skip', snapshot every step"
-            row = Row(spec.name, config, "features")
-            featured = _loader_factory(
-                loaders.classes["conveyor"], dataset, spec, spec.num_workers, method, FEATURES
+        if spec.features_row and not options.stand_in_torch and "conveyor" in chosen:
+            config = f"{rows[0].config}, reseed='batch', on_error='skip', snapshot every step"
+            row, factories = loader_row(
+                config, "features", spec.num_workers, extra=FEATURES, names=("conveyor",)
             )
-            _run_row(row, {"conveyor": featured}, throughput, options.repeat, progress)
+            _run_row(row, factories, throughput, options.repeat, progress)
             rows.append(row)
         if spec.plain_row:
             row = Row(spec.name, spec.plain_label, "baseline")
-            plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size)}
+            plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size, spec.collate_fn)}
             _run_row(row, plain, throughput, options.repeat, progress)
+            row.machine = _machine_check(spec, dataset, options, progress)
             rows.append(row)
         if spec.reference_row:
             config = f"reference loop, {spec.num_workers} fork workers, shared memory"
@@ -447,23 +373,45 @@ def _run_workload(
             }
             _run_row(row, reference, throughput, options.repeat, progress)
             rows.append(row)
-    scaling = None
-    if isinstance(dataset, CpuDataset):
-        count = 20 if options.quick else 300  # ~0.3 s of work per process
-        probe = functools.partial(spin_many, dataset.iterations, count)
-        scaling = parallel_speedup(probe, spec.num_workers, pairs=1 if options.quick else 3)
-        progress(f"  {spec.name} | machine check | {spec.num_workers} processes: {scaling:.2f}x")
-    _annotate(spec, rows, scaling)
+    annotate(spec, rows)
     return rows
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+def _machine_check(
+    spec: WorkloadSpec, dataset: MapDataset, options: BenchOptions, progress: _Progress
+) -> MachineCheck | None:
+    """The plain loop in ``spec.num_workers`` bare processes side by side against one."""
+    size = spec.batch_size
+
+    def loop(batches: int) -> PlainLoop:
+        return PlainLoop(dataset, size, spec.collate_fn, batches=batches)
+
+    seconds = _MACHINE_CHECK_S[1] if options.quick else _MACHINE_CHECK_S[0]
+    try:
+        check = machine_check(
+            loop, spec.num_workers, seconds, len(dataset) // size, 1 if options.quick else 3
+        )
+    except Exception as exc:  # the rows stand without it
+        progress(f"  {spec.name} | machine check | FAILED {_failure(exc)}")
+        return None
+    progress(
+        f"  {spec.name} | machine check | {check.processes} processes: {check.speedup:.2f}x, "
+        f"{check.batches} batches each"
+    )
+    return check
 
 
 def run_benchmark(options: BenchOptions, progress: TextIO | None = sys.stderr) -> BenchReport:
     """Run every workload in ``options``; progress lines go to ``progress`` (None: silent)."""
-    loaders = _resolve_loaders(options.stand_in_torch)
-    if not loaders.classes:
+    loaders = _resolve_loaders(options)
+    if not any(name in loaders.classes for name in LOADERS):
         raise RuntimeError(
             "neither conveyor.DataLoader nor torch.utils.data.DataLoader can be imported: "
-            + "; ".join(f"{k}: {v}" for k, v in loaders.descriptions.items())
+            + "; ".join(f"{k}: {loaders.descriptions[k]}" for k in LOADERS)
         )
     torch: Any = sys.modules.get("torch")
     previous_threads = torch.get_num_threads() if torch else None

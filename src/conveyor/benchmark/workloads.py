@@ -2,7 +2,9 @@
 
 The datasets are defined at module top level so that they pickle by reference under the
 ``spawn`` and ``forkserver`` start methods, and this module imports only NumPy, so a spawned
-worker that unpickles one pays for nothing else. Every sample is a ``(value, label)`` tuple.
+worker that unpickles one pays for nothing else (``decode`` imports Pillow, through
+:mod:`conveyor.benchmark.imaging`, at its first sample). Every sample is a ``(value, label)``
+tuple, except ``text``'s: a 1-D array of token ids, padded into a dict by ``pad_collate``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class MapDataset(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> tuple[Any, int]: ...
+    def __getitem__(self, index: int) -> Any: ...
 
 
 def _check_index(index: int, length: int) -> None:
@@ -67,18 +69,111 @@ class ImageDataset:
         return self.images[index % len(self.images)], index % 1000
 
 
+class FreshImageDataset(ImageDataset):
+    """``image``'s sample, but a new array each time, as a decoded or augmented image is:
+    the dataset, the loader and the allocator pay for fresh memory every sample."""
+
+    def __init__(self, length: int, pool: int = 16) -> None:
+        super().__init__(length, pool)
+
+    def __getitem__(self, index: int) -> tuple[Array, int]:
+        _check_index(index, self.length)
+        return self.images[index % len(self.images)].copy(), index % 1000
+
+
+class DecodeDataset:
+    """Sample ``i``: JPEG ``i % len(jpegs)`` decoded, randomly resized-cropped to 224x224,
+    flipped half the time, as a 3x224x224 uint8 array; and an int label. The ImageNet
+    training pipeline on the CPU (torchvision's ``RandomResizedCrop`` and
+    ``RandomHorizontalFlip``, with Pillow and NumPy). The random draws come from Python's
+    ``random``, which every worker seeds, so they are reproducible from the loader's seed.
+    """
+
+    def __init__(self, length: int, jpegs: Sequence[bytes]) -> None:
+        self.length = length
+        self.jpegs = list(jpegs)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[Array, int]:
+        _check_index(index, self.length)
+        from conveyor.benchmark import imaging  # Pillow: imported by the first sample only
+
+        return imaging.decode_crop_flip(self.jpegs[index % len(self.jpegs)]), index % 1000
+
+
+VOCABULARY = 50_257  # GPT-2's
+TEXT_LENGTHS = (16, 512)
+
+
+class TextDataset:
+    """Sample ``i``: a document of 16 to 512 int64 token ids (its length drawn once per
+    index), a new array each time, as a tokenizer returns it. ``pad_collate`` pads a batch.
+    """
+
+    def __init__(self, length: int, pool: int = 1 << 20) -> None:
+        self.length = length
+        rng = np.random.default_rng(0)
+        self.tokens = rng.integers(0, VOCABULARY, pool, dtype=np.int64)
+        low, high = TEXT_LENGTHS
+        self.lengths = rng.integers(low, high + 1, length)
+        self.starts = rng.integers(0, pool - high, length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Array:
+        _check_index(index, self.length)
+        start = int(self.starts[index])
+        return self.tokens[start : start + int(self.lengths[index])].copy()
+
+
+def pad_collate(samples: Sequence[Array]) -> dict[str, Array]:
+    """A language model's collate: pad the batch's documents to the longest one.
+
+    ``input_ids`` are padded with 0, and ``attention_mask`` is 1 over each document's tokens.
+    """
+    longest = max(len(sample) for sample in samples)
+    input_ids = np.zeros((len(samples), longest), dtype=np.int64)
+    attention_mask = np.zeros((len(samples), longest), dtype=np.int64)
+    for row, sample in enumerate(samples):
+        input_ids[row, : len(sample)] = sample
+        attention_mask[row, : len(sample)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+BIG_MIB = (64, 160)
+
+
+class BigDataset:
+    """Sample ``i``: a new float32 vector whose size depends on its batch, so that batches
+    of ``batch_size`` samples are 64 to 160 MiB, each a different size; and an int label."""
+
+    def __init__(self, length: int, batch_size: int) -> None:
+        self.length = length
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return self.length
+
+    def batch_mib(self, batch: int) -> int:
+        """The size of batch number ``batch`` (in sampler order), 64 to 160 MiB."""
+        low, high = BIG_MIB
+        return low + (batch * 37) % (high - low + 1)
+
+    def __getitem__(self, index: int) -> tuple[Array, int]:
+        _check_index(index, self.length)
+        values = self.batch_mib(index // self.batch_size) * 2**20 // 4 // self.batch_size
+        return np.full(values, index % 251, dtype=np.float32), index % 10
+
+
 def spin(iterations: int) -> int:
     """Pure-Python busy work (holds the GIL): ``iterations`` rounds of integer arithmetic."""
     acc = 0
     for j in range(iterations):
         acc = (acc + j * j) % 1_000_003
     return acc
-
-
-def spin_many(iterations: int, count: int) -> None:
-    """``count`` rounds of ``spin(iterations)``: the cpu workload's work, without a loader."""
-    for _ in range(count):
-        spin(iterations)
 
 
 def calibrate_spin(target_s: float = 0.001, trials: int = 7) -> int:
@@ -197,8 +292,19 @@ class WorkloadSpec:
     plain_label: str = "plain loop, no loader (ceiling)"
     reference_row: bool = False  # also the reference shared-memory loop (benchmark/reference.py)
     features_row: bool = False  # also conveyor with its per-batch features on (runner.FEATURES)
+    alternatives: bool = False  # SPDL and Grain join the workers row (map-style, fixed shapes)
+    collate_fn: Callable[[Any], Any] | None = None  # the loaders' and the plain loop's
     ideal_samples_per_s: float | None = None
-    target_speedup: float | None = None  # goal for the workers row over the plain loop
+    # Targets for conveyor's workers row: over the plain loop (a single process; with
+    # machine_target, the machine check's figure is the target), over its own
+    # num_workers=0, as a share of the reference loop, and over torch.
+    target_speedup: float | None = None
+    machine_target: bool = False
+    target_vs_inline: float | None = None
+    target_of_reference: float = 0.9
+    target_vs_torch: float = 1.0
+    seconds_scale: float = 1.0  # the timed window: this share of --seconds
+    in_quick: bool = True  # run by --quick without --workloads (heavy ones are left out)
     # A row per start method, in this order; empty: one row, with the method asked for.
     start_methods: tuple[str, ...] = ()
     # --quick's rows (empty: start_methods'): a spawned torch worker imports torch, seconds.
@@ -219,7 +325,9 @@ class WorkloadSpec:
     def window(self, quick: bool, seconds: float) -> WindowSpec:
         """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
         if not quick:
-            return WindowSpec(self.warmup, self.min_batches, self.max_batches, seconds)
+            return WindowSpec(
+                self.warmup, self.min_batches, self.max_batches, seconds * self.seconds_scale
+            )
         warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
         least = 1 if self.quick_seconds else self.quick_batches
         return WindowSpec(warmup, least, self.quick_batches, self.quick_seconds)
@@ -236,6 +344,17 @@ def _cpu_dataset(length: int, quick: bool) -> CpuDataset:
 
 def _paths_dataset(length: int, quick: bool) -> PathListDataset:
     return PathListDataset(length // 10 if quick else length)
+
+
+DECODE_IMAGES = 256  # different JPEGs of 500x375; --quick: 16 small ones, 160x120
+
+
+def _decode_dataset(length: int, quick: bool) -> DecodeDataset:
+    from conveyor.benchmark import imaging  # Pillow: an ImportError that says how to get it
+
+    if quick:
+        return DecodeDataset(length, imaging.make_jpegs(16, (160, 120)))
+    return DecodeDataset(length, imaging.make_jpegs(DECODE_IMAGES))
 
 
 WORKLOADS: dict[str, WorkloadSpec] = {
@@ -256,6 +375,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             plain_row=True,
             reference_row=True,
             features_row=True,
+            alternatives=True,
         ),
         WorkloadSpec(
             name="image",
@@ -272,6 +392,45 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             plain_row=True,
             reference_row=True,
             features_row=True,
+            alternatives=True,
+        ),
+        WorkloadSpec(
+            name="fresh",
+            summary="image's sample, but a new array each time (pool[i % 16].copy()), as "
+            "real datasets make them",
+            kind="throughput",
+            make_dataset=lambda n, quick: FreshImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=16_000,
+            quick_batches=10,
+            warmup=6,
+            inline_rows=True,
+            plain_row=True,
+            reference_row=True,
+            alternatives=True,
+        ),
+        WorkloadSpec(
+            name="decode",
+            summary="JPEG bytes -> decode, random resized crop to 224x224, random flip, CHW "
+            "uint8 (ImageNet training on the CPU, Pillow + NumPy)",
+            kind="throughput",
+            make_dataset=_decode_dataset,
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=400,
+            quick_batches=8,
+            warmup=3,
+            inline_rows=True,
+            plain_row=True,
+            plain_label="single process, plain loop",
+            reference_row=True,
+            alternatives=True,
+            machine_target=True,
+            target_vs_inline=1.0,
+            in_quick=False,
         ),
         WorkloadSpec(
             name="cpu",
@@ -283,9 +442,48 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             max_batches=300,
             quick_batches=4,
             warmup=4,
+            inline_rows=True,
             plain_row=True,
             plain_label="single process, plain loop",
-            target_speedup=1.8,
+            alternatives=True,
+            target_speedup=1.9,
+            target_vs_inline=1.0,
+        ),
+        WorkloadSpec(
+            name="text",
+            summary="16-512 int64 token ids per sample, padded per batch by a collate_fn into "
+            "input_ids + attention_mask",
+            kind="throughput",
+            make_dataset=lambda n, quick: TextDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=8_000,
+            quick_batches=10,
+            warmup=6,
+            inline_rows=True,
+            plain_row=True,
+            collate_fn=pad_collate,
+            target_vs_inline=1.7,
+        ),
+        WorkloadSpec(
+            name="big",
+            summary="batches of 64-160 MiB, each a different size (float32 samples, batch 16); "
+            "a shorter window",
+            kind="throughput",
+            make_dataset=lambda n, quick: BigDataset(n, 16),
+            batch_size=16,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=60,
+            quick_batches=2,
+            warmup=3,
+            quick_warmup=1,
+            min_batches=6,
+            inline_rows=True,
+            plain_row=True,
+            seconds_scale=0.5,
+            in_quick=False,
         ),
         WorkloadSpec(
             name="latency",
@@ -346,3 +544,4 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
     )
 }
+QUICK_WORKLOADS = tuple(name for name, spec in WORKLOADS.items() if spec.in_quick)

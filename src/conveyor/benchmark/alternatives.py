@@ -1,0 +1,140 @@
+"""The other loaders that do the same job, as optional benchmark columns: SPDL's
+``get_pytorch_dataloader`` and Grain's ``DataLoader``. Each is built with the loader
+arguments the benchmark gives conveyor and torch, configured as its documentation
+recommends (benchmarks/README.md says how); neither is a dependency of conveyor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any
+
+from conveyor.benchmark.workloads import MapDataset
+
+ALTERNATIVES = ("spdl", "grain")
+_DISTRIBUTIONS = {"spdl": "spdl", "grain": "grain"}
+GRAIN_WORKER_BUFFER = 2  # batches each worker makes ahead: torch's prefetch_factor=2
+
+
+class NotInstalledError(ImportError):
+    """An alternative loader's package is not installed here."""
+
+
+class SpdlLoader:
+    """``spdl.dataloader.get_pytorch_dataloader`` with the benchmark's arguments: its
+    defaults otherwise (``prefetch_factor=2``; ``in_order=False``, batches in the order they
+    finish). It has no persistent workers: each ``iter()`` starts a process pool."""
+
+    def __init__(
+        self,
+        dataset: MapDataset,
+        *,
+        batch_size: int,
+        num_workers: int,
+        multiprocessing_context: str | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
+    ) -> None:
+        module = _import("spdl", "spdl.dataloader")
+        self._loader = module.get_pytorch_dataloader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            multiprocessing_context=multiprocessing_context,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._loader
+        finally:
+            # The dataset's pickle lives in a shared-memory segment that SPDL leaves to
+            # the resource tracker; give it back when the run ends (workers have it mapped).
+            with contextlib.suppress(FileNotFoundError, AttributeError):
+                self._loader._shmem.unlink()
+
+
+class GrainLoader:
+    """``grain.python.DataLoader`` over the dataset as a random-access source, in order
+    (``IndexSampler``, no shuffle, one epoch), batched by ``grain.python.Batch`` (with the
+    workload's ``collate_fn`` as its ``batch_fn``). ``worker_count`` workers, each making
+    ``GRAIN_WORKER_BUFFER`` batches ahead; ``ReadOptions(num_threads=0)``, as Grain
+    recommends for data already in memory. Grain starts its workers with ``spawn``, always,
+    and each worker batches its own share of the records (records ``w, w + n, ...``)."""
+
+    def __init__(
+        self,
+        dataset: MapDataset,
+        *,
+        batch_size: int,
+        num_workers: int,
+        multiprocessing_context: str | None = None,  # Grain always spawns
+        collate_fn: Callable[[Any], Any] | None = None,
+    ) -> None:
+        grain = _import("grain", "grain.python")
+        sampler = grain.IndexSampler(
+            num_records=len(dataset),
+            shard_options=grain.NoSharding(),
+            shuffle=False,
+            num_epochs=1,
+            seed=0,
+        )
+        self._loader = grain.DataLoader(
+            data_source=dataset,
+            sampler=sampler,
+            operations=[grain.Batch(batch_size, drop_remainder=True, batch_fn=collate_fn)],
+            worker_count=num_workers,
+            worker_buffer_size=GRAIN_WORKER_BUFFER,
+            read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0),
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self._loader)
+        try:
+            yield from iterator
+        finally:
+            del iterator  # its finalizer stops Grain's worker processes
+
+
+LOADERS: dict[str, type[SpdlLoader] | type[GrainLoader]] = {
+    "spdl": SpdlLoader,
+    "grain": GrainLoader,
+}
+
+
+def _import(name: str, module: str) -> Any:
+    try:
+        with _quiet_absl():
+            return importlib.import_module(module)
+    except ImportError as exc:
+        raise NotInstalledError(f"{name} is not installed (pip install {name})") from exc
+
+
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+    """Grain's import logs a warning through absl when JAX is missing; none is needed."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def describe(name: str) -> str:
+    """What the column ran, with its version, or why it cannot run."""
+    try:
+        version = metadata.version(_DISTRIBUTIONS[name])
+    except metadata.PackageNotFoundError:
+        return "not installed"
+    if name == "spdl":
+        return f"spdl.dataloader.get_pytorch_dataloader (spdl {version})"
+    return f"grain.python.DataLoader (grain {version})"
+
+
+def installed(name: str) -> bool:
+    return describe(name) != "not installed"

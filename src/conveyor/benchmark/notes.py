@@ -1,0 +1,185 @@
+"""A workload's rows put in context: shares of the plain and reference loops, speedups over
+torch, the alternatives and ``num_workers=0``, each against the target the project set for
+it, and every loader's own CPU per batch."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from conveyor.benchmark.measure import MachineCheck
+from conveyor.benchmark.rows import ALTERNATIVES, INLINE_CONFIG, LOADERS, PLAIN, REFERENCE, Row
+from conveyor.benchmark.workloads import WorkloadSpec
+
+ALL = (*LOADERS, *ALTERNATIVES)
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def _times(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def against(value: float, target: float | None, show: Callable[[float], str]) -> str:
+    """``value`` shown, with its target beside it, saying plainly when it misses it."""
+    if target is None:
+        return show(value)
+    wanted = f"target >= {show(target).replace('.00x', 'x')}"
+    return f"{show(value)} ({wanted})" if value >= target else f"{show(value)} (below {wanted})"
+
+
+def _rate(row: Row, loader: str) -> str:
+    """A row's median samples/s for a note, with its spread over the rounds if any."""
+    spread = row.spread(loader)
+    text = f"{row.median(loader) or 0:,.0f} samples/s"
+    return text if spread is None else f"{text} ±{spread:.0%}"
+
+
+def _shares(
+    row: Row,
+    base: float,
+    show: Callable[[float], str],
+    target: float | None = None,
+    loaders: tuple[str, ...] = ALL,
+) -> str:
+    """Each loader's median over ``base``; conveyor's against ``target``."""
+    parts = []
+    for name in loaders:
+        if (value := row.median(name)) is None:
+            continue
+        share = value / base
+        parts.append(f"{name} {against(share, target if name == 'conveyor' else None, show)}")
+    return ", ".join(parts)
+
+
+def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
+    """Add each row's notes, and its loaders' own CPU per batch (``loader_cpu``)."""
+    plain = next((r for r in rows if r.kind == "baseline"), None)
+    base = plain.median(PLAIN) if plain else None
+    machine = plain.machine if plain else None
+    reference_row = next((r for r in rows if r.kind == "reference"), None)
+    reference = reference_row.median(REFERENCE) if reference_row else None
+    inline = next((r for r in rows if r.config == INLINE_CONFIG), None)
+    workers = next((r for r in rows if r.kind == "throughput" and r is not inline), None)
+    loader_cpu(rows)
+    for row in rows:
+        mine = workers.median("conveyor") if workers else None
+        if row.kind == "features" and mine and (v := row.median("conveyor")):
+            row.notes.append(f"of the same loader without them: {against(v / mine, 0.9, _percent)}")
+        if row is workers:
+            row.notes.extend(_workers_notes(spec, row, base, reference, inline, machine))
+        elif row is inline and base:
+            row.notes.append(f"of plain loop: {_shares(row, base, _percent)}")
+        elif row.kind == "reference" and reference:
+            row.notes.append(
+                f"{_rate(row, REFERENCE)}; the design's limit here: workers write samples "
+                "into shared memory, views to the consumer, nothing else"
+            )
+        elif row.kind == "baseline" and base:
+            row.notes.append(f"{_rate(row, PLAIN)}; no loader: index + collate by hand (NumPy)")
+            if machine:
+                row.notes.append(
+                    f"machine check: {machine.processes} bare processes of this work ran "
+                    f"{machine.speedup:.2f}x one (the most {machine.processes} workers can "
+                    "reach here)"
+                )
+        elif row.kind == "startup":
+            row.notes.append("time to first batch, lower is better; ratio = torch / conveyor")
+        elif row.kind == "epochs":
+            row.notes.append(
+                "time an epoch takes, its workers' start-up included, lower is better; "
+                "ratio = torch / conveyor"
+            )
+        if row.kind == "train":
+            row.notes.extend(_training_notes(row))
+        if spec.ideal_samples_per_s and row.kind in ("throughput", "train"):
+            ideal = spec.ideal_samples_per_s
+            row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
+        for name, runs in row.runs.items():
+            leaked = max(m.leaked_processes for m in runs)
+            if leaked:
+                row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
+        row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _workers_notes(
+    spec: WorkloadSpec,
+    row: Row,
+    base: float | None,
+    reference: float | None,
+    inline: Row | None,
+    machine: MachineCheck | None,
+) -> list[str]:
+    """The workers row: against the reference loop, torch, num_workers=0, the plain loop
+    and the alternatives; conveyor's figures against the workload's targets."""
+    notes = []
+    if reference:
+        shares = _shares(row, reference, _percent, spec.target_of_reference)
+        notes.append(f"of reference loop: {shares}")
+    if (ratio := row.ratio()) is not None:
+        notes.append(f"vs torch: {against(ratio, spec.target_vs_torch, _times)}")
+    if inline is not None:
+        parts = []
+        for name in LOADERS:
+            if (value := row.median(name)) and (alone := inline.median(name)):
+                target = spec.target_vs_inline if name == "conveyor" else None
+                parts.append(f"{name} {against(value / alone, target, _times)}")
+        if parts:
+            notes.append(f"vs its num_workers=0: {', '.join(parts)}")
+    if base:
+        speedup = machine.speedup if machine else None
+        if spec.machine_target and speedup:
+            shares = _shares(row, base, _times, round(speedup, 2))
+            notes.append(f"vs single process: {shares} (target: the machine check)")
+        elif spec.target_speedup:
+            shares = _shares(row, base, _times, spec.target_speedup)
+            check = f"; machine check {speedup:.2f}x" if speedup else ""
+            notes.append(f"vs single process: {shares}{check}")
+        else:
+            notes.append(f"of plain loop: {_shares(row, base, _percent)}")
+    others = [f"{name} {r:.2f}x" for name in ALTERNATIVES if (r := row.ratio(name))]
+    if others:
+        notes.append(f"conveyor vs {', '.join(others)}")
+    notes.extend(f"{name}: {why}" for name, why in row.missing.items())
+    return notes
+
+
+def loader_cpu(rows: list[Row]) -> None:
+    """Each loader's own CPU per batch: all the CPU a batch cost (main process and
+    workers) less what the same work costs without a loader, the plain loop's. For rows
+    with workers that is the machine check's CPU per batch (the plain loop in as many bare
+    processes side by side, which pay the same for sharing cores), else the plain loop's
+    alone. Rows with no plain loop get none."""
+    plain = next((r for r in rows if r.kind == "baseline"), None)
+    if plain is None or (alone := plain.per_batch(PLAIN, "main_cpu_ms_per_batch")) is None:
+        return
+    side_by_side = plain.machine.parallel_cpu_ms_per_batch if plain.machine else None
+    for row in rows:
+        if row.kind not in ("throughput", "features", "reference"):
+            continue
+        work = alone if row.config == INLINE_CONFIG else (side_by_side or alone)
+        for name in row.runs:
+            if name in row.errors:
+                continue
+            if (total := row.per_batch(name, "total_cpu_ms_per_batch")) is not None:
+                row.loader_cpu_ms[name] = total - work
+
+
+def _training_notes(row: Row) -> list[str]:
+    """How long the training loop waited for data, and how fast batches reached the
+    accelerator (median over the rounds)."""
+    waited, copies = [], []
+    for name in LOADERS:
+        runs = row.runs.get(name)
+        if not runs or name in row.errors:
+            continue
+        waited.append(f"{name} {statistics.median(m.waited_share for m in runs):.1%}")
+        rates = [rate for m in runs if (rate := m.copy_bytes_per_s) is not None]
+        if rates:
+            copies.append(f"{name} {statistics.median(rates) / 1e9:.1f} GB/s")
+    notes = [f"waiting for data: {', '.join(waited)} of the loop"] if waited else []
+    if copies:
+        notes.append(f"copy to the accelerator: {', '.join(copies)}")
+    return notes
