@@ -7,7 +7,11 @@ error handling, no state. Its throughput is what conveyor's design could reach o
 machine with the same number of workers, so the benchmark reports conveyor's share of it.
 
 Only for ``(value, int label)`` samples with a fixed value shape, a sequential sampler
-and complete batches: the benchmark's ``tiny`` and ``image`` workloads.
+and complete batches: the benchmark's ``tiny``, ``image``, ``fresh`` and ``decode``
+workloads. Each worker calls the dataset for every sample, so a dataset that makes a new
+array each time (``fresh``, ``decode``) costs the reference loop what it costs a loader;
+each seeds Python's and NumPy's generators for itself, as a loader's workers do, so random
+augmentations differ between them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import multiprocessing
+import random
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,10 +67,13 @@ def _produce(
     ready: Connection,
     freed: Connection,
     others: list[Connection],
+    seed: int,
 ) -> None:
     """A worker: fill slots in turn with its batches; reuse a slot once it is given back."""
     for connection in others:  # forked copies: the main process's ends must close here
         connection.close()  # too, or a stopped loop would never reach us as EOF
+    random.seed(seed)  # forked: otherwise every worker would draw what the others draw
+    np.random.seed(seed & 0xFFFFFFFF)
     with contextlib.suppress(EOFError, BrokenPipeError, KeyboardInterrupt):
         for count, batch in enumerate(batches):
             slot = count % _SLOTS
@@ -97,6 +105,7 @@ class SharedMemoryLoop:
         ready = [context.Pipe(duplex=False) for _ in range(workers)]
         freed = [context.Pipe(duplex=False) for _ in range(workers)]
         connections = [c for pair in ready + freed for c in pair]
+        base_seed = random.getrandbits(63)  # as a loader draws its base seed, per epoch
         processes = [
             context.Process(
                 target=_produce,
@@ -108,6 +117,7 @@ class SharedMemoryLoop:
                     ready[w][1],
                     freed[w][0],
                     [c for c in connections if c is not ready[w][1] and c is not freed[w][0]],
+                    base_seed + w,
                 ),
                 daemon=True,
             )

@@ -148,18 +148,20 @@ BIG_MIB = (64, 160)
 
 class BigDataset:
     """Sample ``i``: a new float32 vector whose size depends on its batch, so that batches
-    of ``batch_size`` samples are 64 to 160 MiB, each a different size; and an int label."""
+    of ``batch_size`` samples are 64 to 160 MiB (``mib``), each a different size; and an
+    int label."""
 
-    def __init__(self, length: int, batch_size: int) -> None:
+    def __init__(self, length: int, batch_size: int, mib: tuple[int, int] = BIG_MIB) -> None:
         self.length = length
         self.batch_size = batch_size
+        self.mib = mib
 
     def __len__(self) -> int:
         return self.length
 
     def batch_mib(self, batch: int) -> int:
-        """The size of batch number ``batch`` (in sampler order), 64 to 160 MiB."""
-        low, high = BIG_MIB
+        """The size of batch number ``batch`` (in sampler order), within ``mib``."""
+        low, high = self.mib
         return low + (batch * 37) % (high - low + 1)
 
     def __getitem__(self, index: int) -> tuple[Array, int]:
