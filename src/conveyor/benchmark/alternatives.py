@@ -7,12 +7,15 @@ recommends (benchmarks/README.md says how); neither is a dependency of conveyor.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
+from conveyor._torch import DEFER_ENV
 from conveyor.benchmark.workloads import MapDataset
 
 ALTERNATIVES = ("spdl", "grain")
@@ -92,11 +95,43 @@ class GrainLoader:
         )
 
     def __iter__(self) -> Iterator[Any]:
-        iterator = iter(self._loader)
+        # The datasets live in conveyor's package, whose import in a spawned process
+        # imports torch unless told it is a worker that defers it: Grain's workers need no
+        # torch (its batches are NumPy), as they would not with a user's own dataset module.
+        previous = os.environ.get(DEFER_ENV)
+        os.environ[DEFER_ENV] = "1"
+        try:
+            iterator = iter(self._loader)
+            iterator.start_prefetch()  # spawns the workers now, with the variable set
+        finally:
+            if previous is None:
+                del os.environ[DEFER_ENV]
+            else:
+                os.environ[DEFER_ENV] = previous
         try:
             yield from iterator
         finally:
-            del iterator  # its finalizer stops Grain's worker processes
+            # Grain's iterator sits in reference cycles: collect it now, so that its
+            # finalizer stops the workers and frees the batches' shared memory.
+            del iterator
+            gc.collect()
+            _stop_grain_deleter()
+
+
+def _stop_grain_deleter() -> None:
+    """Grain frees each batch's shared memory from a thread pool it starts in the main
+    process and never stops: wait for it, then stop it, so that a later run that forks
+    workers (conveyor warns when other threads run) starts as it would without Grain."""
+    shared = importlib.import_module("grain._src.python.ipc.shared_memory_array")
+    arrays = getattr(shared, "SharedMemoryArray", None)
+    deleter = getattr(arrays, "_del_thread_pool", None)
+    if arrays is None or deleter is None:
+        return
+    with arrays._lock:
+        arrays._del_thread_pool = None
+        arrays._outstanding_del_requests = None
+    deleter.close()
+    deleter.join()
 
 
 LOADERS: dict[str, type[SpdlLoader] | type[GrainLoader]] = {

@@ -310,6 +310,12 @@ def _run_workload(
             factories[name] = _loader_factory(cls, dataset, spec, workers, method, extra)
         return row, factories
 
+    def run(row: Row, factories: Factories, measure: Callable[..., Measurement]) -> None:
+        """Run the row's loaders; keep the row if any ran or one is missing here."""
+        if factories or row.missing:
+            _run_row(row, factories, measure, options.repeat, progress)
+            rows.append(row)
+
     def throughput(factory: LoaderFactory) -> Measurement:
         return measure_throughput(factory, window)
 
@@ -320,8 +326,7 @@ def _run_workload(
         for row_method in methods:
             config = f"{_config_label(spec, row_method)}, {len(dataset):,} paths"
             row, factories = loader_row(config, "startup", spec.num_workers, row_method)
-            _run_row(row, factories, measure_startup, options.repeat, progress)
-            rows.append(row)
+            run(row, factories, measure_startup)
     elif spec.kind == "train":
         accelerator = Accelerator.find()
         pinned = {"pin_memory": True} if accelerator is not None else {}
@@ -332,33 +337,29 @@ def _run_workload(
         def train(factory: LoaderFactory) -> Measurement:
             return measure_training(factory, window, spec.step_s, accelerator)
 
-        _run_row(row, factories, train, options.repeat, progress)
-        rows.append(row)
+        run(row, factories, train)
     elif spec.kind == "epochs":
         batches = len(dataset) // spec.batch_size
         for row_method in methods:
             config = f"{_config_label(spec, row_method)}, {batches} batches an epoch"
             row, factories = loader_row(config, "epochs", spec.num_workers, row_method)
-            _run_row(row, factories, epochs, options.repeat, progress)
-            rows.append(row)
+            run(row, factories, epochs)
     else:
         names = ALL_LOADERS if spec.alternatives else LOADERS
         row, factories = loader_row(
             _config_label(spec, method), "throughput", spec.num_workers, names=names
         )
-        _run_row(row, factories, throughput, options.repeat, progress)
-        rows.append(row)
+        run(row, factories, throughput)
         if spec.inline_rows:
             row, factories = loader_row(INLINE_CONFIG, "throughput", 0)
-            _run_row(row, factories, throughput, options.repeat, progress)
-            rows.append(row)
+            run(row, factories, throughput)
         if spec.features_row and not options.stand_in_torch and "conveyor" in chosen:
-            config = f"{rows[0].config}, reseed='batch', on_error='skip', snapshot every step"
+            config = f"{_config_label(spec, method)}, reseed='batch', on_error='skip', "
+            config += "snapshot every step"
             row, factories = loader_row(
                 config, "features", spec.num_workers, extra=FEATURES, names=("conveyor",)
             )
-            _run_row(row, factories, throughput, options.repeat, progress)
-            rows.append(row)
+            run(row, factories, throughput)
         if spec.plain_row:
             row = Row(spec.name, spec.plain_label, "baseline")
             plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size, spec.collate_fn)}
@@ -371,8 +372,7 @@ def _run_workload(
             reference: Factories = {
                 REFERENCE: lambda: SharedMemoryLoop(dataset, spec.batch_size, spec.num_workers)
             }
-            _run_row(row, reference, throughput, options.repeat, progress)
-            rows.append(row)
+            run(row, reference, throughput)
     annotate(spec, rows)
     return rows
 
