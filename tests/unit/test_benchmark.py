@@ -23,6 +23,7 @@ from conveyor.benchmark import (
     Row,
     render,
     runner,
+    specs,
     workloads,
 )
 from conveyor.benchmark.measure import (
@@ -136,7 +137,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    assert tuple(n for n in WORKLOADS if n not in ("decode", "big")) == workloads.QUICK_WORKLOADS
+    assert tuple(n for n in WORKLOADS if n not in ("decode", "big")) == specs.QUICK_WORKLOADS
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
     assert WORKLOADS["startup"].quick_start_methods == ("fork",)

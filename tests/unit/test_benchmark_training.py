@@ -17,14 +17,16 @@ import numpy as np
 import pytest
 
 from conveyor.benchmark import BenchOptions, Measurement, Row, render, runner
-from conveyor.benchmark.measure import PlainLoop, TreeUsage, machine_check
+from conveyor.benchmark.machine import machine_check
+from conveyor.benchmark.measure import PlainLoop
 from conveyor.benchmark.notes import against, annotate
+from conveyor.benchmark.processes import TreeUsage
 from conveyor.benchmark.report import to_json
 from conveyor.benchmark.rows import NOT_INSTALLED
 from conveyor.benchmark.runner import BenchReport
+from conveyor.benchmark.specs import WORKLOADS
 from conveyor.benchmark.workloads import (
     BIG_MIB,
-    WORKLOADS,
     BigDataset,
     FreshImageDataset,
     TextDataset,
@@ -164,7 +166,7 @@ def _run(samples_per_s: float, main_cpu_s: float = 0.0, workers_cpu_s: float = 0
 
 
 def _decode_rows() -> list[Row]:
-    from conveyor.benchmark.measure import MachineCheck
+    from conveyor.benchmark.machine import MachineCheck
 
     plain = Row("decode", "single process, plain loop", "baseline", {"plain": [_run(100, 1.0)]})
     plain.machine = MachineCheck(2, 1.2, 100.0, 150.0, 5)

@@ -7,7 +7,7 @@ from conveyor.benchmark.measure import Measurement
 from conveyor.benchmark.plot import MatplotlibMissingError, plot_report
 from conveyor.benchmark.report import render, to_json
 from conveyor.benchmark.runner import BenchOptions, BenchReport, Row, run_benchmark
-from conveyor.benchmark.workloads import WORKLOADS, WorkloadSpec
+from conveyor.benchmark.specs import WORKLOADS, WorkloadSpec
 
 __all__ = [
     "WORKLOADS",

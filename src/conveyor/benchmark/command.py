@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from conveyor.benchmark.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor.benchmark.report import render, write_json
 from conveyor.benchmark.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
-from conveyor.benchmark.workloads import QUICK_WORKLOADS, WORKLOADS
+from conveyor.benchmark.specs import QUICK_WORKLOADS, WORKLOADS
 
 from .._argtypes import positive_int
 

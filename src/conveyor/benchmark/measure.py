@@ -12,17 +12,11 @@ alive a while after the loader was dropped.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-import math
-import multiprocessing
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
@@ -32,14 +26,13 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
-from conveyor.benchmark.workloads import MapDataset, WindowSpec, hand_collate
+from conveyor.benchmark.processes import TreeUsage, count_leftovers, descendants, tree_rss
+from conveyor.benchmark.specs import WindowSpec
+from conveyor.benchmark.workloads import MapDataset, hand_collate
 
 LoaderFactory = Callable[[], Iterable[Any]]
 Collate = Callable[[Any], Any]
 
-# multiprocessing's own helpers outlive any one loader by design; they are not leaks.
-_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-_EXIT_GRACE_S = 10.0
 _MEMORY_SAMPLES = 4
 
 
@@ -198,98 +191,6 @@ def _tensors(batch: Any) -> Iterator[Any]:
         yield batch
 
 
-def _process_tree() -> list[psutil.Process]:
-    me = psutil.Process()
-    return [me, *me.children(recursive=True)]
-
-
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_stat(pid: int) -> tuple[float, int] | None:
-    """CPU seconds (user + system) and minor page faults of ``pid``, from ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    # After "pid (comm) ": state is field 3; minflt is field 10, utime 14, stime 15.
-    fields = text[text.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[7])
-
-
-@dataclass(frozen=True)
-class TreeUsage:
-    """CPU seconds and minor page faults of each worker process: the main process's
-    descendants (the fork server's children under ``forkserver`` are among them),
-    multiprocessing's own helpers left out. Faults are None where ``/proc`` is missing."""
-
-    usage: dict[int, tuple[float, int | None]]
-
-    @staticmethod
-    def read() -> TreeUsage:
-        usage: dict[int, tuple[float, int | None]] = {}
-        for proc in psutil.Process().children(recursive=True):
-            if _is_helper(proc):
-                continue
-            stat = _proc_stat(proc.pid)
-            if stat is not None:
-                usage[proc.pid] = stat
-                continue
-            try:  # no /proc: CPU only
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            usage[proc.pid] = (times.user + times.system, None)
-        return TreeUsage(usage)
-
-    def since(self, before: TreeUsage) -> tuple[float, int | None]:
-        """CPU seconds and faults since ``before`` of the processes alive now (one that
-        started meanwhile counts from its start; one that ended meanwhile is not seen)."""
-        cpu, faults, known = 0.0, 0, True
-        for pid, (now_cpu, now_faults) in self.usage.items():
-            then_cpu, then_faults = before.usage.get(pid, (0.0, 0))
-            cpu += now_cpu - then_cpu
-            if now_faults is None or then_faults is None:
-                known = False
-            else:
-                faults += now_faults - then_faults
-        return cpu, faults if known else None
-
-
-def _tree_rss() -> int:
-    total = 0
-    for proc in _process_tree():
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total
-
-
-def _is_helper(proc: psutil.Process) -> bool:
-    """Whether ``proc`` is one of multiprocessing's helpers (not a fork server's child: a
-    forked child keeps its parent's command line)."""
-    try:
-        cmdline = " ".join(proc.cmdline())
-        parent = proc.parent()
-        inherited = " ".join(parent.cmdline()) if parent is not None else ""
-    except psutil.Error:
-        return False
-    return any(name in cmdline and name not in inherited for name in _HELPERS)
-
-
-def _children() -> set[int]:
-    return {proc.pid for proc in psutil.Process().children(recursive=True)}
-
-
-def _count_leftovers(before: set[int]) -> int:
-    """Wait for processes started during the run to exit; count those that do not."""
-    gc.collect()
-    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    new = [p for p in new if not _is_helper(p)]
-    _, alive = psutil.wait_procs(new, timeout=_EXIT_GRACE_S)
-    return len(alive)
-
-
 def _minor_faults() -> int | None:
     """The main process's minor page faults so far (None where ``resource`` is missing)."""
     if resource is None:
@@ -335,7 +236,7 @@ def _time_window(
         if train is not None:
             train.run(warm, timed=False)
         del warm
-    peak = _tree_rss()
+    peak = tree_rss()
     next_sample = 1
     samples = batches = 0
     if window.seconds > 0:  # memory at each quarter of the window's time, or of its batches
@@ -366,7 +267,7 @@ def _time_window(
         now = time.perf_counter()
         if sample_at(now - t0, batches) >= next_sample:
             next_sample += 1
-            peak = max(peak, _tree_rss())
+            peak = max(peak, tree_rss())
     seconds = now - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
@@ -396,7 +297,7 @@ def _time_first_batch(make_loader: LoaderFactory) -> Measurement:
     samples = touch(next(it))
     seconds = time.perf_counter() - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
-    return Measurement(1, samples, seconds, cpu, _tree_rss(), 0, faults)
+    return Measurement(1, samples, seconds, cpu, tree_rss(), 0, faults)
 
 
 def _time_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
@@ -419,7 +320,7 @@ def _time_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
             batches += 1
             if peak is None:  # once, while the first timed epoch's workers are alive
                 sampled = time.perf_counter()
-                peak = _tree_rss()
+                peak = tree_rss()
                 paused += time.perf_counter() - sampled
         epochs += 1
         now = time.perf_counter()
@@ -431,16 +332,16 @@ def _time_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
 def measure_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     """Time whole epochs of one loader (after ``window.warmup`` untimed ones), counting
     epochs where ``window`` says batches; then drop the loader."""
-    before = _children()
+    before = descendants()
     result = _time_epochs(make_loader, window)
-    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
+    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
 def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
     """Time a window of batches after warm-up; the loader is built and dropped in here."""
-    before = _children()
+    before = descendants()
     result = _time_window(make_loader, window)
-    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
+    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
 def measure_training(
@@ -451,105 +352,16 @@ def measure_training(
 ) -> Measurement:
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
     loader is built and dropped in here."""
-    before = _children()
+    before = descendants()
     result = _time_window(make_loader, window, TrainingStep(step_s, accelerator))
-    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
+    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
 def measure_startup(make_loader: LoaderFactory) -> Measurement:
     """Time from building the loader to holding its first batch; then drop the loader."""
-    before = _children()
+    before = descendants()
     result = _time_first_batch(make_loader)
-    return dataclasses.replace(result, leaked_processes=_count_leftovers(before))
-
-
-@dataclass(frozen=True)
-class MachineCheck:
-    """What ``processes`` bare processes (no loader) doing a workload's plain loop get done
-    against one: the most that many workers can reach on this machine right now, and what
-    the work itself costs in CPU when that many processes run it side by side."""
-
-    processes: int
-    speedup: float  # the median over the pairs of: processes x one's time / theirs
-    single_cpu_ms_per_batch: float  # one process alone (median over the pairs)
-    parallel_cpu_ms_per_batch: float  # side by side (the median over the pairs)
-    batches: int  # each process's, in each run
-
-
-def _run_batches(loop: Iterable[Any]) -> None:
-    for batch in loop:
-        touch(batch)
-
-
-def _timed_copy(
-    loop: Callable[[int], Iterable[Any]], batches: int, start: Any, results: Connection
-) -> None:
-    """One of the parallel copies: warm up alone, start with the others, report back."""
-    _run_batches(loop(1))  # this process's own first-touch costs, before the clock
-    start.wait()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    _run_batches(loop(batches))
-    results.send((t0, time.perf_counter(), time.process_time() - cpu0))
-    results.close()
-
-
-def _side_by_side(
-    loop: Callable[[int], Iterable[Any]], processes: int, batches: int
-) -> tuple[float, float]:
-    """Run ``loop(batches)`` in ``processes`` forked copies at once; their wall time
-    (first start to last end, timed in the copies: forking and exiting left out) and
-    their CPU seconds in all."""
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    start = context.Barrier(processes)
-    pipes = [context.Pipe(duplex=False) for _ in range(processes)]
-    copies = [
-        context.Process(target=_timed_copy, args=(loop, batches, start, sender), daemon=True)
-        for _, sender in pipes
-    ]
-    for proc in copies:
-        proc.start()
-    for _, sender in pipes:
-        sender.close()
-    reports = [receiver.recv() for receiver, _ in pipes]
-    for proc in copies:
-        proc.join()
-    wall = max(end for _, end, _ in reports) - min(begin for begin, _, _ in reports)
-    return wall, sum(cpu for _, _, cpu in reports)
-
-
-def machine_check(
-    loop: Callable[[int], Iterable[Any]],
-    processes: int,
-    seconds: float,
-    max_batches: int,
-    pairs: int = 3,
-) -> MachineCheck:
-    """Time ``loop(n)`` (a plain loop of ``n`` batches, ``n`` chosen to take about
-    ``seconds``, at most ``max_batches``) alone, then ``processes`` copies of it side by
-    side in forked processes, ``pairs`` times back to back; the median ratio, so a burst of
-    load from elsewhere skews one pair, not the answer. Without fork, ``loop`` must pickle."""
-    _run_batches(loop(1))  # warm: first-touch costs, lazy imports
-    start = time.perf_counter()
-    _run_batches(loop(1))
-    once = time.perf_counter() - start
-    batches = max(1, min(max_batches, math.ceil(seconds / max(once, 1e-9))))
-    ratios, single_cpu, parallel_cpu = [], [], []
-    for _ in range(pairs):
-        cpu0, start = time.process_time(), time.perf_counter()
-        _run_batches(loop(batches))
-        single = time.perf_counter() - start
-        single_cpu.append((time.process_time() - cpu0) / batches)
-        wall, cpu = _side_by_side(loop, processes, batches)
-        ratios.append(processes * single / wall)
-        parallel_cpu.append(cpu / (processes * batches))
-    return MachineCheck(
-        processes,
-        statistics.median(ratios),
-        1000 * statistics.median(single_cpu),
-        1000 * statistics.median(parallel_cpu),
-        batches,
-    )
+    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
 def cpu_count_line() -> str:

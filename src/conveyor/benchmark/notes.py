@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from conveyor.benchmark.measure import MachineCheck
+from conveyor.benchmark.machine import MachineCheck
 from conveyor.benchmark.rows import ALTERNATIVES, INLINE_CONFIG, LOADERS, PLAIN, REFERENCE, Row
-from conveyor.benchmark.workloads import WorkloadSpec
+from conveyor.benchmark.specs import WorkloadSpec
 
 ALL = (*LOADERS, *ALTERNATIVES)
 

@@ -6,7 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from conveyor.benchmark.measure import MachineCheck, Measurement
+from conveyor.benchmark.machine import MachineCheck
+from conveyor.benchmark.measure import Measurement
 
 LOADERS = ("conveyor", "torch")
 ALTERNATIVES = ("spdl", "grain")  # optional columns (conveyor.benchmark.alternatives)

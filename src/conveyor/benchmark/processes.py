@@ -1,0 +1,109 @@
+"""The loader's process tree as the benchmark sees it: the main process's descendants (its
+workers; under ``forkserver`` the fork server's children are among them), less
+multiprocessing's own helpers. Their CPU time and minor page faults (from ``/proc``), the
+tree's RSS, and the processes a dropped loader leaves behind."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from dataclasses import dataclass
+
+import psutil
+
+# multiprocessing's own helpers outlive any one loader by design; they are not leaks.
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_EXIT_GRACE_S = 10.0
+
+
+def _process_tree() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_stat(pid: int) -> tuple[float, int] | None:
+    """CPU seconds (user + system) and minor page faults of ``pid``, from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # After "pid (comm) ": state is field 3; minflt is field 10, utime 14, stime 15.
+    fields = text[text.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[7])
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    """CPU seconds and minor page faults of each worker process: the main process's
+    descendants (the fork server's children under ``forkserver`` are among them),
+    multiprocessing's own helpers left out. Faults are None where ``/proc`` is missing."""
+
+    usage: dict[int, tuple[float, int | None]]
+
+    @staticmethod
+    def read() -> TreeUsage:
+        usage: dict[int, tuple[float, int | None]] = {}
+        for proc in psutil.Process().children(recursive=True):
+            if _is_helper(proc):
+                continue
+            stat = _proc_stat(proc.pid)
+            if stat is not None:
+                usage[proc.pid] = stat
+                continue
+            try:  # no /proc: CPU only
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            usage[proc.pid] = (times.user + times.system, None)
+        return TreeUsage(usage)
+
+    def since(self, before: TreeUsage) -> tuple[float, int | None]:
+        """CPU seconds and faults since ``before`` of the processes alive now (one that
+        started meanwhile counts from its start; one that ended meanwhile is not seen)."""
+        cpu, faults, known = 0.0, 0, True
+        for pid, (now_cpu, now_faults) in self.usage.items():
+            then_cpu, then_faults = before.usage.get(pid, (0.0, 0))
+            cpu += now_cpu - then_cpu
+            if now_faults is None or then_faults is None:
+                known = False
+            else:
+                faults += now_faults - then_faults
+        return cpu, faults if known else None
+
+
+def tree_rss() -> int:
+    total = 0
+    for proc in _process_tree():
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is one of multiprocessing's helpers (not a fork server's child: a
+    forked child keeps its parent's command line)."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+        parent = proc.parent()
+        inherited = " ".join(parent.cmdline()) if parent is not None else ""
+    except psutil.Error:
+        return False
+    return any(name in cmdline and name not in inherited for name in _HELPERS)
+
+
+def descendants() -> set[int]:
+    return {proc.pid for proc in psutil.Process().children(recursive=True)}
+
+
+def count_leftovers(before: set[int]) -> int:
+    """Wait for processes started during the run to exit; count those that do not."""
+    gc.collect()
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    new = [p for p in new if not _is_helper(p)]
+    _, alive = psutil.wait_procs(new, timeout=_EXIT_GRACE_S)
+    return len(alive)

@@ -1,0 +1,322 @@
+"""The benchmark's workloads: each one's dataset, loader settings, timed window, the rows it
+runs and the targets its figures are held to. The datasets are in
+:mod:`conveyor.benchmark.workloads`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from conveyor.benchmark.workloads import (
+    BigDataset,
+    CpuDataset,
+    DecodeDataset,
+    FreshImageDataset,
+    ImageDataset,
+    MapDataset,
+    PathListDataset,
+    SleepDataset,
+    TextDataset,
+    TinyDataset,
+    calibrate_spin,
+    pad_collate,
+)
+
+Kind = Literal["throughput", "startup", "epochs", "train"]
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A timed window: after ``warmup`` batches, run until ``min_batches`` are timed and
+    ``seconds`` have passed, stopping at ``max_batches`` in any case. For the ``epochs`` kind
+    the counts are of epochs."""
+
+    warmup: int
+    min_batches: int
+    max_batches: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One workload: its dataset and the loader settings and comparisons it runs.
+
+    ``make_dataset(length, quick)`` builds the dataset. A timed window runs until it has
+    ``min_batches`` batches and the target seconds have passed, or ``max_batches`` (the
+    dataset's end; sized for >= 3 s on a 2-core machine); ``--quick`` times ``quick_batches``
+    after ``quick_warmup`` (default: ``warmup``), or, with ``quick_seconds``, as many as fit
+    in that time, at least one. An ``epochs`` workload counts epochs instead of batches.
+    """
+
+    name: str
+    summary: str
+    kind: Kind
+    make_dataset: Callable[[int, bool], MapDataset]
+    batch_size: int
+    num_workers: int
+    persistent_workers: bool = False
+    max_batches: int = 0
+    quick_batches: int = 0
+    min_batches: int = 10
+    warmup: int = 5
+    quick_warmup: int | None = None
+    quick_seconds: float = 0.0
+    inline_rows: bool = False  # also num_workers=0 for both loaders
+    plain_row: bool = False  # also a plain in-process loop: index + collate by hand
+    plain_label: str = "plain loop, no loader (ceiling)"
+    reference_row: bool = False  # also the reference shared-memory loop (benchmark/reference.py)
+    features_row: bool = False  # also conveyor with its per-batch features on (runner.FEATURES)
+    alternatives: bool = False  # SPDL and Grain join the workers row (map-style, fixed shapes)
+    collate_fn: Callable[[Any], Any] | None = None  # the loaders' and the plain loop's
+    ideal_samples_per_s: float | None = None
+    # Targets for conveyor's workers row: over the plain loop (a single process; with
+    # machine_target, the machine check's figure is the target), over its own
+    # num_workers=0, as a share of the reference loop, and over torch.
+    target_speedup: float | None = None
+    machine_target: bool = False
+    target_vs_inline: float | None = None
+    target_of_reference: float = 0.9
+    target_vs_torch: float = 1.0
+    seconds_scale: float = 1.0  # the timed window: this share of --seconds
+    in_quick: bool = True  # run by --quick without --workloads (heavy ones are left out)
+    # A row per start method, in this order; empty: one row, with the method asked for.
+    start_methods: tuple[str, ...] = ()
+    # --quick's rows (empty: start_methods'): a spawned torch worker imports torch, seconds.
+    quick_start_methods: tuple[str, ...] = ()
+    fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
+    step_s: float = 0.0  # train: each batch's training step (the host waiting for the GPU)
+
+    def __post_init__(self) -> None:
+        timed = self.kind in ("throughput", "epochs", "train")
+        if timed and not 1 <= self.min_batches <= self.max_batches:
+            raise ValueError(
+                f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
+                f"<= max_batches ({self.max_batches})"
+            )
+        if timed and self.quick_batches < 1:
+            raise ValueError(f"workload {self.name!r}: quick_batches must be >= 1")
+
+    def window(self, quick: bool, seconds: float) -> WindowSpec:
+        """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
+        if not quick:
+            return WindowSpec(
+                self.warmup, self.min_batches, self.max_batches, seconds * self.seconds_scale
+            )
+        warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
+        least = 1 if self.quick_seconds else self.quick_batches
+        return WindowSpec(warmup, least, self.quick_batches, self.quick_seconds)
+
+
+_CPU_ITERATIONS: list[int] = []
+
+
+def _cpu_dataset(length: int, quick: bool) -> CpuDataset:
+    if not _CPU_ITERATIONS:
+        _CPU_ITERATIONS.append(calibrate_spin())
+    return CpuDataset(length, _CPU_ITERATIONS[0])
+
+
+def _paths_dataset(length: int, quick: bool) -> PathListDataset:
+    return PathListDataset(length // 10 if quick else length)
+
+
+DECODE_IMAGES = 256  # different JPEGs of 500x375; --quick: 16 small ones, 160x120
+
+
+def _decode_dataset(length: int, quick: bool) -> DecodeDataset:
+    from conveyor.benchmark import imaging  # Pillow: an ImportError that says how to get it
+
+    if quick:
+        return DecodeDataset(length, imaging.make_jpegs(16, (160, 120)))
+    return DecodeDataset(length, imaging.make_jpegs(DECODE_IMAGES))
+
+
+WORKLOADS: dict[str, WorkloadSpec] = {
+    spec.name: spec
+    for spec in (
+        WorkloadSpec(
+            name="tiny",
+            summary="16-float32 vector + int label per sample; per-batch overhead dominates",
+            kind="throughput",
+            make_dataset=lambda n, quick: TinyDataset(n),
+            batch_size=256,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=24_000,
+            quick_batches=40,
+            warmup=10,
+            inline_rows=True,
+            plain_row=True,
+            reference_row=True,
+            features_row=True,
+            alternatives=True,
+        ),
+        WorkloadSpec(
+            name="image",
+            summary="3x224x224 uint8 image + label, fetch is free; bandwidth dominates",
+            kind="throughput",
+            make_dataset=lambda n, quick: ImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=16_000,
+            quick_batches=10,
+            warmup=6,
+            inline_rows=True,
+            plain_row=True,
+            reference_row=True,
+            features_row=True,
+            alternatives=True,
+        ),
+        WorkloadSpec(
+            name="fresh",
+            summary="image's sample, but a new array each time (pool[i % 16].copy()), as "
+            "real datasets make them",
+            kind="throughput",
+            make_dataset=lambda n, quick: FreshImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=16_000,
+            quick_batches=10,
+            warmup=6,
+            inline_rows=True,
+            plain_row=True,
+            reference_row=True,
+            alternatives=True,
+        ),
+        WorkloadSpec(
+            name="decode",
+            summary="JPEG bytes -> decode, random resized crop to 224x224, random flip, CHW "
+            "uint8 (ImageNet training on the CPU, Pillow + NumPy)",
+            kind="throughput",
+            make_dataset=_decode_dataset,
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=400,
+            quick_batches=8,
+            warmup=3,
+            inline_rows=True,
+            plain_row=True,
+            plain_label="single process, plain loop",
+            reference_row=True,
+            alternatives=True,
+            machine_target=True,
+            target_vs_inline=1.0,
+            in_quick=False,
+        ),
+        WorkloadSpec(
+            name="cpu",
+            summary="~1 ms of pure-Python work per sample; scaling across processes",
+            kind="throughput",
+            make_dataset=_cpu_dataset,
+            batch_size=32,
+            num_workers=2,
+            max_batches=300,
+            quick_batches=4,
+            warmup=4,
+            inline_rows=True,
+            plain_row=True,
+            plain_label="single process, plain loop",
+            alternatives=True,
+            target_speedup=1.9,
+            target_vs_inline=1.0,
+        ),
+        WorkloadSpec(
+            name="text",
+            summary="16-512 int64 token ids per sample, padded per batch by a collate_fn into "
+            "input_ids + attention_mask",
+            kind="throughput",
+            make_dataset=lambda n, quick: TextDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=8_000,
+            quick_batches=10,
+            warmup=6,
+            inline_rows=True,
+            plain_row=True,
+            collate_fn=pad_collate,
+            target_vs_inline=1.7,
+        ),
+        WorkloadSpec(
+            name="big",
+            summary="batches of 64-160 MiB, each a different size (float32 samples, batch 16); "
+            "a shorter window",
+            kind="throughput",
+            make_dataset=lambda n, quick: BigDataset(n, 16),
+            batch_size=16,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=60,
+            quick_batches=2,
+            warmup=3,
+            quick_warmup=1,
+            min_batches=6,
+            inline_rows=True,
+            plain_row=True,
+            seconds_scale=0.5,
+            in_quick=False,
+        ),
+        WorkloadSpec(
+            name="latency",
+            summary="5 ms sleep per sample; 8 workers should overlap to 1600 samples/s",
+            kind="throughput",
+            make_dataset=lambda n, quick: SleepDataset(n),
+            batch_size=16,
+            num_workers=8,
+            max_batches=400,
+            quick_batches=10,
+            warmup=16,
+            ideal_samples_per_s=8 / 0.005,
+        ),
+        WorkloadSpec(
+            name="train",
+            summary="image batches into a training loop whose step takes 5 ms (the host "
+            "waiting for a GPU); with an accelerator also pin_memory=True and the copy to it",
+            kind="train",
+            make_dataset=lambda n, quick: ImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=2_000,
+            quick_batches=10,
+            warmup=6,
+            step_s=0.005,
+            ideal_samples_per_s=64 / 0.005,
+        ),
+        WorkloadSpec(
+            name="startup",
+            summary="time to first batch, spawn, a list of 1M path strings (--quick: fork, 100k)",
+            kind="startup",
+            make_dataset=_paths_dataset,
+            batch_size=32,
+            num_workers=2,
+            start_methods=("spawn",),
+            quick_start_methods=("fork",),
+            fixed_length=1_000_000,
+        ),
+        WorkloadSpec(
+            name="epochs",
+            summary="short epochs of tiny (10 batches), new workers each; fork and spawn "
+            "(--quick: fork)",
+            kind="epochs",
+            make_dataset=lambda n, quick: TinyDataset(n),
+            batch_size=256,
+            num_workers=2,
+            persistent_workers=False,
+            warmup=1,
+            min_batches=2,
+            max_batches=500,
+            quick_warmup=0,
+            quick_batches=3,
+            quick_seconds=0.2,
+            start_methods=("fork", "spawn"),
+            quick_start_methods=("fork",),
+            fixed_length=10 * 256,
+        ),
+    )
+}
+QUICK_WORKLOADS = tuple(name for name, spec in WORKLOADS.items() if spec.in_quick)
