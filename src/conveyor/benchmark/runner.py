@@ -364,7 +364,9 @@ def _run_workload(
             row = Row(spec.name, spec.plain_label, "baseline")
             plain: Factories = {PLAIN: lambda: PlainLoop(dataset, spec.batch_size, spec.collate_fn)}
             _run_row(row, plain, throughput, options.repeat, progress)
-            row.machine = _machine_check(spec, dataset, options, progress)
+            # --quick checks the machine only where a target rests on it (a smoke test).
+            if not options.quick or spec.target_speedup or spec.machine_target:
+                row.machine = _machine_check(spec, dataset, options, progress)
             rows.append(row)
         if spec.reference_row:
             config = f"reference loop, {spec.num_workers} fork workers, shared memory"
