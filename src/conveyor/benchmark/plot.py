@@ -175,7 +175,7 @@ def plot_report(report: BenchReport, path: str | Path) -> Path:
         _draw(axes, groups, unit, legend)
         axes.set_title(title, fontsize=10)
     figure.legend(
-        list(legend.values()), list(legend), loc="outside lower center", ncols=4, fontsize=8
+        list(legend.values()), list(legend), loc="outside lower center", ncols=3, fontsize=8
     )
     options = report.options
     rounds = f"median of {options.repeat} rounds" if options.repeat > 1 else "1 round"
