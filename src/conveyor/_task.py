@@ -28,14 +28,15 @@ __all__ = [
     "Failed",
     "LeftOut",
     "NothingLeft",
-    "Progress",
     "TaskOutcome",
     "TaskRunner",
+    "Watcher",
 ]
 
 
-class Progress(Protocol):
-    """Where the runner is, for whoever watches (a worker's status page)."""
+class Watcher(Protocol):
+    """Told where the runner is: its stage, and on a traced retry which sample (a
+    worker's status page watches)."""
 
     def stage(self, stage: Stage) -> None: ...
 
@@ -50,7 +51,7 @@ class _Unwatched:
         pass
 
 
-UNWATCHED: Progress = _Unwatched()
+UNWATCHED: Watcher = _Unwatched()
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class TaskRunner:
         *,
         exclude: tuple[Any, ...] = (),
         trace: bool = False,
-        progress: Progress = UNWATCHED,
+        watcher: Watcher = UNWATCHED,
         collating: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         reseed: Reseed | None = None,
     ) -> TaskOutcome:
@@ -189,7 +190,7 @@ class TaskRunner:
                     indices,
                     exclude=exclude,
                     tolerate=self.skip_errors,
-                    on_position=_position_hook(progress if trace else None, reseed),
+                    on_position=_position_hook(watcher if trace else None, reseed),
                 )
                 left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
                 if not samples:
@@ -205,7 +206,7 @@ class TaskRunner:
             return Failed(Stage.FETCH, exc)
         collating_from = time.monotonic()
         self.fetch_s = collating_from - started
-        progress.stage(Stage.COLLATE)
+        watcher.stage(Stage.COLLATE)
         if per_sample:
             assert reseed is not None
             reseed.before_collate()
@@ -234,17 +235,15 @@ class TaskRunner:
 _NOT_FETCHED = object()
 
 
-def _position_hook(
-    progress: Progress | None, reseed: Reseed | None
-) -> Callable[[int], None] | None:
+def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[int], None] | None:
     """What runs before each sample of a sample-by-sample fetch."""
     if reseed is None or reseed.mode != "sample":
-        return progress.position if progress is not None else None
-    if progress is None:
+        return watcher.position if watcher is not None else None
+    if watcher is None:
         return reseed.before_sample
 
     def both(position: int) -> None:
-        progress.position(position)
+        watcher.position(position)
         reseed.before_sample(position)
 
     return both

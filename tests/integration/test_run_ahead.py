@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader
-from conveyor._iter.multiprocess import SLOTS_BEYOND_PREFETCH
+from conveyor._iter.run_ahead import SLOTS_BEYOND_PREFETCH
 from conveyor._transport.arena import MIN_SLOT_BYTES, run_ahead, run_ahead_bytes
 from tests.helpers.leaks import no_leaks
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import _torch
-from ..config import LoaderConfig
+from ..config import LoaderConfig, LoaderHistory
 
 
 def unsharded_ranks(config: LoaderConfig) -> str | None:
@@ -52,10 +52,32 @@ def _shards(sampler: Any) -> bool:
 
 
 class StreamCheck:
-    """Compares the first batch of each worker whose dataset never asked who it is."""
+    """Compares the first batch of each worker whose dataset never asked who it is; says
+    so once per loader (``history.warned_duplicates``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: LoaderHistory) -> None:
+        self._history = history
         self._first: dict[str, int] = {}  # fingerprint -> the worker that sent it
+
+    @classmethod
+    def wanted(cls, config: LoaderConfig, history: LoaderHistory) -> StreamCheck | None:
+        """A check for an iterable dataset's workers, unless this loader warned already."""
+        if config.iterable and config.num_workers > 1 and not history.warned_duplicates:
+            return cls(history)
+        return None
+
+    def batch(self, worker_id: int, reply: Any, batch: Any) -> str | None:
+        """The warning's text once two such workers began with the same batch (``reply``
+        says whether its worker's dataset asked, with the epoch's first batch)."""
+        if (
+            getattr(reply, "asked_worker_info", None) is not False
+            or self._history.warned_duplicates
+        ):
+            return None
+        text = self.first_batch(worker_id, batch)
+        if text is not None:
+            self._history.warned_duplicates = True
+        return text
 
     def first_batch(self, worker_id: int, batch: Any) -> str | None:
         """The warning's text once two workers began with the same batch."""

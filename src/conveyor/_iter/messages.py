@@ -1,7 +1,8 @@
-"""The words of the supervisor's reports: pure functions of the facts.
+"""The words of the loop's reports: pure functions of the facts.
 
 What happened, where (worker, batch, dataset indices, stage), why, and the
-fix, in that order. The task book decides; these only say it.
+fix, in that order. The task book, the crash judge and the deadlines decide;
+these only say it.
 """
 
 from __future__ import annotations
@@ -15,19 +16,34 @@ from .._workers.status import WorkerStatus
 
 if TYPE_CHECKING:
     from .._workers.events import Died
-    from .book import Busy
+    from .deadlines import Busy
 
 __all__ = [
+    "DECODE_FAILED",
+    "LEFT_OUT_AGAIN",
+    "NO_RESTART_ITERABLE",
+    "SAME_DEATH_AT_START",
+    "crash_over_budget",
     "death_summary",
     "describe_exit",
     "doing",
+    "iterable_length",
+    "kill_reason",
+    "left_out_for_crashes",
     "not_started",
     "not_started_report",
+    "poison_proof",
+    "restart_budget_spent",
+    "restart_report",
     "short",
+    "slots_held",
     "stall_report",
+    "startup_failed",
+    "stuck_reason",
     "timeout_text",
     "torch_words",
     "typical_batch_time",
+    "with_stack",
 ]
 
 
@@ -126,3 +142,141 @@ def timeout_text(timeout: float, busy: Busy, doing: str, stage: str, batch_time:
         "network read, a lock), raise timeout, or pass on_timeout='restart' to kill the "
         "stuck worker and retry."
     )
+
+
+def stuck_reason(stage: str, timeout: float) -> str:
+    """Why conveyor killed a worker (``on_timeout="restart"``)."""
+    return f"stuck ({stage}) past timeout={timeout}, so conveyor killed it"
+
+
+def kill_reason(reason: str, stacks: str) -> str:
+    return f"{reason}; its Python stack then:\n{stacks}" if stacks else reason
+
+
+def with_stack(text: str, stacks: str) -> str:
+    """A timeout's message with the stuck worker's stack."""
+    return f"{text}\nThe worker's current Python stack:\n{stacks}" if stacks else text
+
+
+# --- crashes ----------------------------------------------------------------------------
+
+NO_RESTART_ITERABLE = (
+    "An iterable-style dataset's iterator cannot be resumed in a new process, "
+    "so conveyor does not restart workers for it."
+)
+SAME_DEATH_AT_START = (
+    "It died the same way in its replacement, before any task: this is not a passing failure."
+)
+LEFT_OUT_AGAIN = "killed its worker in an earlier epoch; left out without trying again"
+
+
+def restart_budget_spent(limit: int) -> str:
+    return (
+        f"The restart budget is spent (max_worker_restarts={limit}); raise it to tolerate "
+        "more crashes."
+    )
+
+
+def _times(crashes: int) -> str:
+    return f"{crashes} times" if crashes != 2 else "twice"
+
+
+def poison_proof(poison: Any, crashes: int, alone: int) -> str:
+    """Why the loader gives up: ``poison`` (None: the batch as a whole) is proven to
+    kill its worker, and nothing may be left out."""
+    if poison is None:
+        return (
+            f"This batch killed its worker {_times(crashes)} (the first time, and again on "
+            "each retry), outside fetching samples; pass on_error='skip' to leave it out."
+        )
+    last = "the last time" if alone == 1 else f"the last {alone} times"
+    return (
+        f"Dataset index {poison!r} killed its worker {_times(crashes)}, {last} alone in a "
+        "fresh worker: that sample is the cause, not the machine. Fix the sample, or pass "
+        "on_error='skip' to leave it out."
+    )
+
+
+def left_out_for_crashes(crashes: int, exit_text: str) -> str:
+    return f"killed its worker {_times(crashes)}: {exit_text}"
+
+
+def crash_over_budget(index: Any, why: str, budget_note: str) -> str:
+    return f"Dataset index {index!r} {why}. {budget_note}"
+
+
+def restart_report(
+    summary: str, proven: bool, charged: int, limit: int, retried: int, probes: list[Any]
+) -> str:
+    """A WorkerRestartedWarning's text: the death, the restart, what was re-sent."""
+    if proven:
+        counted = "not counted against max_worker_restarts: the sample is the cause"
+    else:
+        counted = f"restart {charged} of {limit}"
+    tried = (
+        f", after trying dataset index {', '.join(map(repr, probes))} alone in it first "
+        "(a sample that kills a fresh worker by itself is the cause; one that does not "
+        "is cleared)"
+        if probes
+        else ""
+    )
+    return (
+        f"{summary} Started a replacement ({counted}) and re-sent its {retried} unanswered "
+        f"task(s){tried}; no sample is lost or repeated."
+    )
+
+
+def startup_failed(worker_id: int, pid: int | None, exc: BaseException) -> str:
+    return (
+        f"DataLoader worker {worker_id} (pid {pid}) could not start: "
+        f"{type(exc).__name__}: {exc}. This usually means the dataset, collate_fn or "
+        "worker_init_fn refers to something the worker process cannot import (a module "
+        "missing from its sys.path, or a class defined in a module that is not "
+        "importable there). Fix: make that module importable in the worker, or use "
+        "multiprocessing_context='fork'."
+    )
+
+
+# --- batches ----------------------------------------------------------------------------
+
+DECODE_FAILED = (
+    "The batch was sent by the worker but could not be rebuilt in the main "
+    "process: something in it unpickles differently here (a class this process "
+    "cannot import, a __setstate__ or __reduce__ that fails)."
+)
+
+
+def slots_held(worker_id: int, held_in_worker: int) -> str:
+    """Why a worker's batches now go through its pipe (a BatchesHeldWarning)."""
+    if held_in_worker:
+        why = (
+            f"{held_in_worker} of them are held by arrays the worker itself keeps (a "
+            "collate_fn or dataset that keeps earlier batches, e.g. a memory bank), "
+            "so that memory cannot be reused. Fix: keep copies (.clone() or .copy()) "
+            "of what the worker keeps across batches."
+        )
+    else:
+        why = (
+            "they are held by batches still alive in this process (the loop keeps "
+            "references to many batches, e.g. appends them to a list). Fix: keep only "
+            "what you need (e.g. .clone() or .copy() the part you keep)."
+        )
+    return (
+        f"DataLoader worker {worker_id}: every shared-memory slot is in use, so batches "
+        f"are now copied through a pipe (slower): {why}"
+    )
+
+
+def iterable_length(dataset: Any, length: int, yielded: int, workers: bool) -> str:
+    """torch's words when an iterable dataset yields more batches than its len()."""
+    text = (
+        f"Length of IterableDataset {dataset} was reported to be {length} (when accessing "
+        f"len(dataloader)), but {yielded} samples have been fetched."
+    )
+    if workers:
+        text += (
+            " For multiprocessing data-loading, this could be caused by not properly "
+            "configuring the IterableDataset replica at each worker (shard it with "
+            "get_worker_info())."
+        )
+    return text

@@ -96,6 +96,18 @@ class PinAhead:
         """Whether no batch is pinned ahead now (another may start)."""
         return self._ahead is None
 
+    def pin_next(self, key: object, decode: Callable[[], Any]) -> None:
+        """Decode ``key``'s batch and pin it in the thread, unless a batch is ahead
+        already; what decoding raises, :meth:`take` raises for it."""
+        if self._ahead is not None:
+            return
+        try:
+            batch = decode()
+        except Exception as error:
+            self.fail(key, error)  # raised when its turn comes
+        else:
+            self.start(key, batch)
+
     def start(self, key: object, batch: Any) -> None:
         """Pin ``batch`` in the thread; :meth:`take` with the same key collects it."""
         assert self._ahead is None, "one batch is pinned ahead at a time"

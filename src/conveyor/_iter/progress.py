@@ -13,11 +13,13 @@ worker's part is the state that came with the last batch handed out from it.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._dataset_state import WorkerState
+from .._workers.protocol import TaskFailed, TaskReply
 from ..config import LoaderConfig, LoaderHistory
 from .cursor import SamplerCursor
 from .state import ResumePoint, Written, write
@@ -56,6 +58,8 @@ class Progress:
     finished: bool = False
     rng_after: list[Any] | None = None
     worker_states: list[WorkerState] = field(default_factory=list)
+    # Workers whose state at the start of the epoch is still to be heard (per-worker).
+    unreported: set[int] = field(default_factory=set)
     resumed_from: dict[str, Any] | None = None  # the loaded state, until something moves
     # Waits until every worker has reported its state at the start of the epoch
     # (a weak method of the iterator; returns None once the iterator is gone).
@@ -66,6 +70,8 @@ class Progress:
     def __post_init__(self) -> None:
         if not self.worker_states:
             self.worker_states = [WorkerState() for _ in range(self.num_workers)]
+        if self.per_worker:
+            self.unreported = set(range(self.num_workers))
         if self.last_worker < 0:
             self.last_worker = self.num_workers - 1  # torchdata's: worker 0 goes first
         self._every = self.config.snapshot_every_n_steps
@@ -79,7 +85,17 @@ class Progress:
             self.beyond = set(point.beyond)
             self.yielded = point.yielded - point.replay
             self.last_worker = point.last_worker
+            if self.per_worker:  # every worker restores its part of the state
+                self.worker_states = list(point.workers)
+                self.unreported.clear()
         self.commit()
+
+    def began(self, worker_id: int, state: bytes | None) -> None:
+        """A worker's pickled state as the epoch began, with its ``Ready`` or a persistent
+        worker's first reply of the epoch: kept if it is the first heard."""
+        if state is not None and worker_id in self.unreported:
+            self.unreported.discard(worker_id)
+            self.worker_reported(worker_id, pickle.loads(state))
 
     def worker_reported(self, worker_id: int, state: WorkerState) -> None:
         """A worker's state before it ran anything this epoch (start-up, or a persistent
@@ -120,6 +136,14 @@ class Progress:
             self.beyond.add(seq)
         if self.per_worker and self._every and self.yielded % self._every == 0:
             self.commit()
+
+    def reply_handed_out(self, seq: int, worker_id: int, reply: TaskReply | None) -> None:
+        """A worker's reply was handed out: a batch or the error raised in its place (both
+        count), or nothing (every sample left out, an iterator ended: only the position
+        is done); with the dataset's state after it, when it came."""
+        empty = not isinstance(reply, TaskFailed) and getattr(reply, "payload", None) is None
+        state = getattr(reply, "state", None)
+        self.handed_out(seq, worker_id, pickle.loads(state) if state is not None else None, empty)
 
     def dropped(self, seq: int) -> None:
         """A batch fetched again on resume and dropped (it was handed out before)."""
@@ -199,13 +223,3 @@ def _length(config: LoaderConfig) -> int | None:
         return len(config.dataset)
     except TypeError:
         return None
-
-
-def per_worker_why(config: LoaderConfig) -> str:
-    """Why a state must resume with the worker count it was taken with."""
-    if config.iterable:
-        return "An iterable-style dataset is split among workers by its own code."
-    return (
-        f"The dataset {type(config.dataset).__name__} has state_dict()/load_state_dict(), "
-        "so its state is saved per worker."
-    )

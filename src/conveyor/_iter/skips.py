@@ -3,12 +3,50 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from .._workers.protocol import RemoteError, SampleFailed
 from ..config import SupervisionPolicy
 from ..records import SkippedSample
+from . import failures, messages
 
 log = logging.getLogger("conveyor")
+CRASH_TYPE = "conveyor.errors.WorkerCrashedError"  # what a sample left out for a crash raised
+
+
+@dataclass
+class LeftOutNote:
+    """A sample left out of a task's batch, recorded when the batch is handed out."""
+
+    index: Any
+    worker_id: int
+    stage: str
+    exception_type: str
+    message: str
+    remote: RemoteError | None = None  # the worker's exception (None: a crash)
+
+
+def notes_of(worker_id: int, skipped: tuple[SampleFailed, ...]) -> list[LeftOutNote]:
+    """What a worker says it left out of a batch."""
+    return [
+        LeftOutNote(
+            s.index,
+            worker_id,
+            s.stage.value,
+            f"{s.error.module}.{s.error.qualname}",
+            s.error.message,
+            s.error,
+        )
+        for s in skipped
+    ]
+
+
+def crash_notes(
+    indices: tuple[Any, ...], worker_id: int, stage: str, why: str
+) -> list[LeftOutNote]:
+    """Samples left out for killing their worker (``stage`` "crash" or "killed")."""
+    return [LeftOutNote(i, worker_id, stage, CRASH_TYPE, why) for i in indices]
 
 
 class SkipLedger:
@@ -34,9 +72,30 @@ class SkipLedger:
             SkippedSample(index, self.epoch, worker_id, stage, exception_type, message)
         )
 
+    def record_notes(self, notes: list[LeftOutNote], seq: int) -> BaseException | None:
+        """Record the samples left out of the batch at ``seq``, as it is handed out; the
+        error to raise if that spends the budget (the sample's own, or a crash's)."""
+        for note in notes:
+            self.record(note.index, note.worker_id, note.stage, note.exception_type, note.message)
+            if self.over_budget():
+                return failures.over_budget(note, self.budget_note(), self.epoch, seq)
+        return None
+
+    @property
+    def has_poison(self) -> bool:
+        return bool(self._poison)
+
     def mark_poison(self, indices: tuple[Any, ...]) -> None:
         """Samples found to kill workers: left out of every later task, at once."""
         self._poison.update(indices)
+
+    def left_out_up_front(
+        self, indices: tuple[Any, ...], worker_id: int
+    ) -> tuple[tuple[Any, ...], list[LeftOutNote]]:
+        """Of a new task's samples, those that killed their worker in an earlier epoch:
+        left out without trying again, and recorded again for this epoch."""
+        exclude = tuple(i for i in indices if i in self._poison)
+        return exclude, crash_notes(exclude, worker_id, "crash", messages.LEFT_OUT_AGAIN)
 
     @property
     def lost_this_epoch(self) -> int:
@@ -52,10 +111,6 @@ class SkipLedger:
             f"({self._budget} samples). The skipped samples are in loader.skipped_samples. "
             "Fix the dataset, or raise max_errors if losing them is acceptable."
         )
-
-    def poison(self) -> set[Any]:
-        """Samples that killed their worker: left out up front in later tasks."""
-        return self._poison  # kept as records arrive: this is asked once per task
 
     def log_epoch_summary(self) -> None:
         skipped = self.records[self._epoch_start :]

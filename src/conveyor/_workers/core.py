@@ -298,7 +298,7 @@ class WorkerCore:
             task.index,
             exclude=task.exclude,
             trace=task.trace,
-            progress=self.status,
+            watcher=self.status,
             collating=transport.collating,
             reseed=reseed,
         )

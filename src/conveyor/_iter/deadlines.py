@@ -1,0 +1,195 @@
+"""Deadlines: when a task is stalled, when the loader times out.
+
+A pure object beside the task book, whose ledger it reads: it is given the
+time and the workers' status pages, and answers how long the loop may block
+(:meth:`Deadlines.next_deadline`) and what is overdue (:meth:`Deadlines.overdue`).
+Queries change nothing: the loop acts on what is overdue (warns, kills, gives
+up) and says so (:meth:`Deadlines.reported`, ``TaskBook.give_up``,
+``CrashJudge.killing``). No process, no clock of its own, no warning;
+tests/unit/test_deadlines.py tables its rules.
+
+* ``timeout`` is torch's "no batch for N seconds", counted from when the user
+  asks for a batch at the earliest; besides, a task running past ``timeout`` is
+  stuck.
+* A task running longer than the stall threshold, ``max(stall_warning, 10 *
+  the workers' own time per batch)``, is reported once per time it is sent; so
+  is a worker idle that long with a task waiting for it (frozen: SIGSTOP, a
+  debugger).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._workers.status import WorkerStatus
+from ..config import SupervisionPolicy
+from ..errors import WorkerTimeoutError
+from . import messages
+from .book import Entry, TaskBook
+
+STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A worker as its status page tells now: running a task, or idle."""
+
+    worker_id: int
+    pid: int | None
+    status: WorkerStatus
+
+
+@dataclass(frozen=True)
+class Stalled:
+    worker_id: int
+    seq: int
+    report: str  # the warning's text, less the worker's stack (the loop adds it)
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """Kill ``worker_id`` (stuck past ``timeout``). With ``on_timeout="restart"`` its
+    death is then handled like any other (the crash judge is told ``reason``);
+    otherwise ``error`` is raised at ``place`` in the order (TaskBook.give_up)."""
+
+    worker_id: int
+    reason: str | None
+    error: WorkerTimeoutError | None = None
+    place: int | None = None
+
+
+Overdue = Stalled | TimedOut
+
+
+class Deadlines:
+    def __init__(
+        self, book: TaskBook, policy: SupervisionPolicy, *, timeout: float = 0, now: float = 0.0
+    ) -> None:
+        self._book = book
+        self.policy = policy
+        self.timeout = timeout
+        self._counting_from = now
+        self._reported: set[tuple[int, int, int]] = set()  # (epoch, seq, sends) of stalls told
+
+    @property
+    def watching(self) -> bool:
+        """Whether any limit applies (else the loop never needs a status page)."""
+        return bool(self.timeout) or self.policy.stall_warning is not None
+
+    def stall_threshold(self) -> float | None:
+        if self.policy.stall_warning is None:
+            return None
+        return max(self.policy.stall_warning, STALL_FACTOR * self._book.batch_time)
+
+    @property
+    def last_progress(self) -> float:
+        """Since when no batch has come that the user waited for: the last reply, or a
+        later moment the count starts again at (:meth:`count_from`)."""
+        return max(self._counting_from, self._book.last_reply_at)
+
+    # --- what the deadlines are told ----------------------------------------------------
+
+    def count_from(self, now: float) -> None:
+        """``timeout`` counts from ``now`` at the earliest: the user asks for a batch
+        (time spent in the training step is not the workers' fault, as in torch), an
+        epoch starts, or a replacement worker starts (it gets a whole timeout)."""
+        self._counting_from = max(self._counting_from, now)
+
+    def reported(self, stalled: Stalled) -> None:
+        """The loop warned of ``stalled``: not again until the task is sent again."""
+        entry = self._book.tasks.get(stalled.seq)
+        if entry is not None:
+            self._reported.add(self._attempt(entry))
+
+    # --- queries: they change nothing ---------------------------------------------------
+
+    def next_deadline(self, now: float, workers: list[Busy]) -> float | None:
+        """Seconds until a limit may be reached: a task running past ``timeout`` or the
+        stall threshold, a worker idle that long with a task waiting for it, or no
+        batch for ``timeout`` seconds. None: no limit applies. A task that starts
+        later cannot reach a limit sooner than the smallest limit, which bounds
+        every answer."""
+        threshold = self.stall_threshold()
+        limits = [x for x in (self.timeout or None, threshold) if x]
+        if not limits:
+            return None
+        wakes = [min(limits)]
+        for worker in workers:
+            if worker.status.stage is not None:
+                wakes += [limit - worker.status.age_s for limit in limits]
+        if threshold is not None:
+            wakes += [threshold - w.status.age_s for w, _ in self._not_started(workers)]
+        if self.timeout and self._book.waited_for() is not None:
+            wakes.append(self.last_progress + self.timeout - now)
+        return max(0.0, min(wakes))
+
+    def overdue(self, now: float, workers: list[Busy]) -> list[Overdue]:
+        """The timed-out worker, if any (the one running longest past ``timeout``,
+        else the one holding the batch waited for when no batch came for
+        ``timeout`` seconds); otherwise the tasks past the stall threshold, running
+        or not started, not reported yet."""
+        book = self._book
+        running = [w for w in workers if w.status.stage is not None]
+        if self.timeout:
+            stuck = [b for b in running if b.status.age_s >= self.timeout]
+            if stuck:
+                return [self._timed_out(max(stuck, key=lambda b: b.status.age_s))]
+            waited = book.waited_for()
+            quiet_s = now - self.last_progress
+            if waited is not None and quiet_s >= self.timeout:
+                holder = next(w for w in workers if w.worker_id == waited.worker_id)
+                return [self._timed_out(holder, waited)]
+        threshold = self.stall_threshold()
+        if threshold is None:
+            return []
+        found: list[Overdue] = []
+        for busy in running:
+            status = busy.status
+            entry = book.tasks.get(status.seq) if status.epoch == book.epoch else None
+            if status.age_s < threshold or entry is None or entry.worker_id != busy.worker_id:
+                continue
+            if self._attempt(entry) not in self._reported:
+                report = messages.stall_report(busy, entry.indices, book.batch_time)
+                found.append(Stalled(busy.worker_id, status.seq, report))
+        for idle, entry in self._not_started(workers):
+            if idle.status.age_s < threshold or self._attempt(entry) in self._reported:
+                continue
+            report = messages.not_started_report(idle, entry.seq, entry.indices, book.batch_time)
+            found.append(Stalled(idle.worker_id, entry.seq, report))
+        return found
+
+    def _attempt(self, entry: Entry) -> tuple[int, int, int]:
+        return (self._book.epoch, entry.seq, entry.sends)
+
+    def _not_started(self, workers: list[Busy]) -> list[tuple[Busy, Entry]]:
+        """Idle workers that hold an unanswered task: they have not started it."""
+        found = []
+        for worker in workers:
+            if worker.status.stage is not None:
+                continue
+            held = self._book.held(worker.worker_id)
+            if held:
+                found.append((worker, self._book.tasks[held[0]]))
+        return found
+
+    def _timed_out(self, busy: Busy, waited: Entry | None = None) -> TimedOut:
+        book, worker_id, status = self._book, busy.worker_id, busy.status
+        if waited is not None and status.stage is None:
+            entry: Entry | None = waited
+            doing = messages.not_started(waited.seq, waited.indices, status.age_s)
+            stage = "not started"
+        else:
+            entry = book.tasks.get(status.seq) if status.epoch == book.epoch else None
+            doing = messages.doing(status, entry is not None, entry.indices if entry else ())
+            doing += f" for {status.age_s:.1f} s"
+            stage = status.stage.value if status.stage is not None else "idle"
+        if self.policy.on_timeout == "restart":
+            return TimedOut(worker_id, messages.stuck_reason(stage, self.timeout))
+        error = WorkerTimeoutError(
+            messages.timeout_text(self.timeout, busy, doing, stage, book.batch_time),
+            worker_id=worker_id,
+            pid=busy.pid,
+            indices=entry.indices if entry is not None else (),
+        )
+        place = entry.seq if entry is not None else min(book.held(worker_id), default=None)
+        return TimedOut(worker_id, None, error, place)

@@ -1,0 +1,111 @@
+"""The exceptions raised for what failed in a worker, built from the facts.
+
+The user's own exception keeps its type (``except KeyError`` still works): it is
+rebuilt here and carries its context — worker, pid, stage, dataset indices, the
+worker's traceback — as a note (see ``errors.attach_worker_context``). Where
+there is no exception of the user's, conveyor's says what happened.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._workers.protocol import Stage, StartupFailed, TaskFailed
+from .._workers.remote_error import rebuild
+from ..errors import (
+    WorkerContext,
+    WorkerCrashedError,
+    WorkerStartupError,
+    add_note,
+    attach_worker_context,
+)
+from . import messages
+
+if TYPE_CHECKING:
+    from .skips import LeftOutNote
+
+
+class TaskError(Exception):
+    """Carries an exception from user code out of the loop's hand-out path to the
+    iterator's ``__next__``, which raises it and goes on (torch consumes a failed batch)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def task_failed(
+    reply: TaskFailed, worker_id: int, pid: int | None, indices: tuple[Any, ...]
+) -> BaseException:
+    """The exception user code raised in a worker, for that task's turn."""
+    context = WorkerContext(
+        worker_id=worker_id,
+        pid=pid or -1,
+        stage=reply.stage.value,
+        indices=indices,
+        traceback=reply.error.traceback,
+        epoch=reply.epoch,
+        seq=reply.seq,
+    )
+    return attach_worker_context(rebuild(reply.error), context)
+
+
+def undecodable(
+    exc: BaseException,
+    worker_id: int,
+    pid: int | None,
+    indices: tuple[Any, ...],
+    epoch: int,
+    seq: int,
+) -> BaseException:
+    """A batch pickled in its worker and does not unpickle here (a class missing in
+    this process, a ``__setstate__`` that raises): that batch's error, like one
+    raised in ``__getitem__``."""
+    context = WorkerContext(
+        worker_id=worker_id,
+        pid=pid or -1,
+        stage=Stage.DECODE.value,
+        indices=indices,
+        epoch=epoch,
+        seq=seq,
+    )
+    add_note(exc, messages.DECODE_FAILED)
+    return attach_worker_context(exc, context)
+
+
+def startup_failed(worker_id: int, failed: StartupFailed, pid: int | None) -> BaseException:
+    """A worker could not start. The user's ``worker_init_fn`` (WORKER_INIT) and
+    restoring the dataset's state (FETCH) raise their own exception; anything else is
+    a WorkerStartupError."""
+    exc = rebuild(failed.error)
+    context = WorkerContext(
+        worker_id=worker_id,
+        pid=pid or -1,
+        stage=failed.stage.value,
+        traceback=failed.error.traceback,
+    )
+    if failed.stage not in (Stage.WORKER_INIT, Stage.FETCH):
+        error = WorkerStartupError(messages.startup_failed(worker_id, pid, exc))
+        error.__cause__ = exc
+        exc = error
+    return attach_worker_context(exc, context)
+
+
+def over_budget(note: LeftOutNote, budget_note: str, epoch: int, seq: int) -> BaseException:
+    """The left-out sample that spent the skip budget: its own exception, or the crash
+    it caused."""
+    if note.remote is None:
+        return WorkerCrashedError(
+            messages.crash_over_budget(note.index, note.message, budget_note),
+            worker_id=note.worker_id,
+            indices=(note.index,),
+        )
+    context = WorkerContext(
+        worker_id=note.worker_id,
+        pid=-1,
+        stage=note.stage,
+        indices=(note.index,),
+        traceback=note.remote.traceback,
+        epoch=epoch,
+        seq=seq,
+    )
+    return add_note(attach_worker_context(rebuild(note.remote), context), budget_note)

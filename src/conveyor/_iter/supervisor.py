@@ -1,0 +1,125 @@
+"""The loop's hands for dead, stalled and stuck workers.
+
+The rules are in two pure objects: the :class:`~.crashes.CrashJudge` says what a
+death means, the :class:`~.deadlines.Deadlines` what is overdue. The supervisor
+does what they decide, through the pool's abilities: starts a replacement and
+re-sends its tasks, reads the workers' status pages and stacks, warns, kills a
+stuck worker; and tells the task book what it must know (a restart, a fatal
+error at its place in the order).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+from .._compat import assert_never
+from .._workers.api import Pool
+from .._workers.events import Died
+from ..config import LoaderConfig
+from ..errors import WorkerRestartedWarning, WorkerStallWarning
+from . import messages
+from .book import TaskBook
+from .crashes import CrashJudge, GiveUpAt, Restart
+from .deadlines import Busy, Deadlines, Stalled, TimedOut
+from .pin_ahead import PinAhead
+from .tally import Tally
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: LoaderConfig,
+        book: TaskBook,
+        pool: Pool,
+        tally: Tally,
+        pin_ahead: PinAhead | None,
+        now: float,
+    ) -> None:
+        self._book, self._pool, self._tally, self._pin_ahead = book, pool, tally, pin_ahead
+        forked = config.start_method.copies_memory
+        self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
+        self.deadlines = Deadlines(book, config.policy, timeout=config.timeout, now=now)
+        self._recheck_at = 0.0  # when the status pages must be read again
+
+    def pids(self) -> list[int | None]:
+        inspect = self._pool.abilities.inspect
+        return inspect.pids() if inspect is not None else [None] * self._pool.num_workers
+
+    # --- dead workers -------------------------------------------------------------------
+
+    def on_death(self, died: Died) -> None:
+        verdict = self.judge.on_death(died)
+        match verdict:
+            case Restart():
+                now = time.monotonic()
+                self._book.restarted(verdict, now)
+                self._tally.restarted(verdict.worker_id, verdict.retried)
+                self.deadlines.count_from(now)  # the replacement gets a whole timeout
+                self._restart(verdict)
+            case GiveUpAt(error=error, place=place):
+                self._book.give_up(error, place)  # raised at its place in the order
+            case _:
+                assert_never(verdict)
+
+    def _restart(self, decision: Restart) -> None:
+        if self._pin_ahead is not None:
+            self._pin_ahead.settle()  # a fork must not copy the pin thread mid-pin
+        self._pool.restart(decision.worker_id)
+        for task in decision.resend:
+            self._pool.send(decision.worker_id, task)
+        warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)
+
+    # --- deadlines ----------------------------------------------------------------------
+
+    def wake_in(self) -> float | None:
+        """Seconds the loop may block: until a running task may reach ``timeout`` or
+        the stall threshold (None: no limit applies).
+
+        Reading the status pages costs a little, so it is done only once the
+        previous answer has run out.
+        """
+        if not self.deadlines.watching:
+            return None
+        now = time.monotonic()
+        if now < self._recheck_at:
+            return self._recheck_at - now
+        wake = self.deadlines.next_deadline(now, self._workers_now())
+        if wake is None:
+            return None
+        self._recheck_at = now + wake
+        return wake
+
+    def check(self) -> None:
+        """The loop's wait ran out: act on what is overdue."""
+        for overdue in self.deadlines.overdue(time.monotonic(), self._workers_now()):
+            match overdue:
+                case Stalled(worker_id=worker_id, report=report):
+                    stacks = self._stacks(worker_id) or "(unavailable)"
+                    text = f"{report} Its current Python stack:\n{stacks}"
+                    warnings.warn(text, WorkerStallWarning, stacklevel=5)
+                    self.deadlines.reported(overdue)
+                case TimedOut(worker_id=worker_id, reason=reason, error=error, place=place):
+                    stacks = self._stacks(worker_id)
+                    if reason is not None:  # on_timeout="restart": its death is then
+                        self.judge.killing(worker_id, reason, stacks)  # like any other
+                    if error is not None:  # otherwise the loader gives up in its place
+                        error.args = (messages.with_stack(error.args[0], stacks),)
+                        self._book.give_up(error, place)
+                    kill = self._pool.abilities.kill
+                    if kill is not None:
+                        kill(worker_id)  # known stuck: kill it now
+                case _:
+                    assert_never(overdue)
+
+    def _workers_now(self) -> list[Busy]:
+        """Every worker as its status page says now (running a task, or idle)."""
+        inspect = self._pool.abilities.inspect
+        if inspect is None:
+            return []  # nothing can be seen of them: no deadline is checked
+        pids = inspect.pids()
+        return [Busy(i, pids[i], inspect.status(i)) for i in range(self._pool.num_workers)]
+
+    def _stacks(self, worker_id: int) -> str:
+        inspect = self._pool.abilities.inspect
+        return inspect.stacks(worker_id) if inspect is not None else ""
