@@ -86,7 +86,7 @@ class Restart:
     worker_id: int
     resend: tuple[Task, ...]
     report: str  # what happened, for a WorkerRestartedWarning
-    retried: int = 0  # the dead worker's tasks re-sent (a suspect's own task not counted)
+    retried: int = 0  # the dead worker's tasks re-sent (a suspect tried alone not counted)
     probed_apart: frozenset[int] = frozenset()  # seqs whose first reply is a verdict
     leave_out: LeaveOut | None = None  # samples proven to kill workers (on_error="skip")
 
