@@ -13,16 +13,21 @@ import math
 import multiprocessing
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._reseed import check_reseed
 from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
 from .stateful import is_stateful
+
+if TYPE_CHECKING:
+    from .observe.trace import Tracer
 
 __all__ = [
     "WORKER_METHODS",
     "LoaderConfig",
     "LoaderHistory",
+    "Options",
     "StartMethod",
     "SupervisionPolicy",
 ]
@@ -149,6 +154,56 @@ class SupervisionPolicy:
 
 
 @dataclass(frozen=True)
+class Options:
+    """conveyor's own keyword-only options of ``DataLoader``, validated here (a bad value
+    raises a ``ConfigError`` naming it). Each is also a public attribute of the loader,
+    under its parameter's name, as torch's arguments are: frameworks that rebuild a
+    loader from its attributes (Lightning adding a DistributedSampler) keep them."""
+
+    max_worker_restarts: int = 3
+    on_error: str = "raise"
+    max_errors: int | float = 0.01
+    stall_warning: float | None = 60.0
+    on_timeout: str = "raise"
+    preflight: bool = True
+    snapshot_every_n_steps: int | None = 1  # None: 0, no periodic snapshot
+    reseed: str = "worker"
+    run_ahead: bool = True
+    worker_method: str = "multiprocessing"
+    progress: bool = False
+    report: bool = False
+
+    def __post_init__(self) -> None:
+        self.policy()  # checks the failure options
+        for flag in ("preflight", "run_ahead", "progress", "report"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        check_reseed(self.reseed)
+        every = 0 if self.snapshot_every_n_steps is None else self.snapshot_every_n_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(
+                "snapshot_every_n_steps must be an int >= 0 (0: no periodic snapshot), "
+                f"got {self.snapshot_every_n_steps!r}"
+            )
+        object.__setattr__(self, "snapshot_every_n_steps", every)
+        if self.worker_method not in WORKER_METHODS:
+            raise ConfigError(
+                f"worker_method must be one of {WORKER_METHODS}, got {self.worker_method!r}: "
+                "'multiprocessing' runs each worker in a process (torch's default), "
+                "'thread' in a thread of this process"
+            )
+
+    def policy(self) -> SupervisionPolicy:
+        return SupervisionPolicy(
+            max_worker_restarts=self.max_worker_restarts,
+            on_error=self.on_error,
+            max_errors=self.max_errors,
+            stall_warning=self.stall_warning,
+            on_timeout=self.on_timeout,
+        )
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     """Everything an iterator needs, validated (see ``DataLoader``)."""
 
@@ -175,14 +230,10 @@ class LoaderConfig:
     snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
     run_ahead: bool = True  # small batches: tasks beyond prefetch_factor (see DataLoader)
     worker_method: str = "multiprocessing"  # or "thread": see DataLoader
+    progress: bool = False  # a progress line as epochs go (observe/progress.py)
+    report: bool = False  # the epoch's figures and verdict at its end (observe/watch.py)
 
     def __post_init__(self) -> None:
-        if self.worker_method not in WORKER_METHODS:
-            raise ConfigError(
-                f"worker_method must be one of {WORKER_METHODS}, got {self.worker_method!r}: "
-                "'multiprocessing' runs each worker in a process (torch's default), "
-                "'thread' in a thread of this process"
-            )
         if self.in_threads and self.policy.on_timeout == "restart":
             raise ConfigError(
                 "on_timeout='restart' cannot work with worker_method='thread': a thread stuck "
@@ -228,6 +279,7 @@ class LoaderHistory:
     last_statistics: LoaderStatistics | None = None
     iterable_len: int | None = None  # len(dataset) as reported to len(loader), iterable-style
     warned_duplicates: bool = False  # a DuplicateDataWarning was given (once per loader)
+    tracer: Tracer | None = None  # recording spans while DataLoader.trace() is entered
 
     def next_epoch(self) -> int:
         self.epochs_started += 1

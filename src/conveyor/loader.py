@@ -6,13 +6,15 @@ torch raises for a bad combination. The work happens in ``_iter``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
+import os
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -24,12 +26,13 @@ from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
-from ._reseed import check_reseed
-from .config import LoaderConfig, LoaderHistory, StartMethod, SupervisionPolicy
+from .config import LoaderConfig, LoaderHistory, Options, StartMethod
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
 from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
+from .observe.trace import Tracer
+from .observe.verdict import Verdict, diagnose
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
@@ -75,18 +78,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     _initialized = False
     # conveyor's own keyword-only options, each kept as a public attribute of that name.
-    conveyor_options = (
-        "max_worker_restarts",
-        "on_error",
-        "max_errors",
-        "stall_warning",
-        "on_timeout",
-        "preflight",
-        "snapshot_every_n_steps",
-        "reseed",
-        "run_ahead",
-        "worker_method",
-    )
+    conveyor_options = tuple(f.name for f in dataclasses.fields(Options))
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
 
@@ -120,6 +112,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         reseed: str = "worker",
         run_ahead: bool = True,
         worker_method: str = "multiprocessing",
+        progress: bool = False,
+        report: bool = False,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -152,43 +146,27 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context  # validated by the setter
         self.in_order = in_order
-        # conveyor's own options (keyword-only; see SupervisionPolicy). Public, under
-        # their parameters' names, as torch's are: frameworks that rebuild a loader
-        # from its attributes (Lightning injecting a DistributedSampler) keep them.
-        SupervisionPolicy(  # checked now, so a bad value fails here
+        options = Options(  # conveyor's own, checked now so that a bad value fails here
             max_worker_restarts=max_worker_restarts,
             on_error=on_error,
             max_errors=max_errors,
             stall_warning=stall_warning,
             on_timeout=on_timeout,
+            preflight=preflight,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            reseed=reseed,
+            run_ahead=run_ahead,
+            worker_method=worker_method,
+            progress=progress,
+            report=report,
         )
-        self.max_worker_restarts = max_worker_restarts
-        self.on_error = on_error
-        self.max_errors = max_errors
-        self.stall_warning = stall_warning
-        self.on_timeout = on_timeout
-        if not isinstance(preflight, bool):
-            raise ConfigError(f"preflight must be True or False, got {preflight!r}")
-        self.preflight = preflight
-        self.reseed = check_reseed(reseed)
-        every = snapshot_every_n_steps
-        if every is None:
-            every = 0
-        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ConfigError(
-                "snapshot_every_n_steps must be an int >= 0 (0: no periodic snapshot), "
-                f"got {snapshot_every_n_steps!r}"
-            )
-        self.snapshot_every_n_steps = every
-        if not isinstance(run_ahead, bool):
-            raise ConfigError(f"run_ahead must be True or False, got {run_ahead!r}")
-        self.run_ahead = run_ahead
+        for name in self.conveyor_options:
+            setattr(self, name, getattr(options, name))
         if worker_method == "thread" and multiprocessing_context is not None:
             raise ConfigError(
                 f"multiprocessing_context={multiprocessing_context!r} has no meaning with "
                 "worker_method='thread': thread workers start no process. Drop one of them."
             )
-        self.worker_method = worker_method
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -273,6 +251,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             super().__setattr__("_config", self._build_config())
 
     def _build_config(self) -> LoaderConfig:
+        options = Options(**{name: getattr(self, name) for name in self.conveyor_options})
         return LoaderConfig(
             dataset=self.dataset,
             collate_fn=self.collate_fn,
@@ -291,18 +270,14 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             pin_memory=self.pin_memory,
             pin_memory_device=self.pin_memory_device,
             start_method=StartMethod.of(self._multiprocessing_context),
-            policy=SupervisionPolicy(
-                max_worker_restarts=self.max_worker_restarts,
-                on_error=self.on_error,
-                max_errors=self.max_errors,
-                stall_warning=self.stall_warning,
-                on_timeout=self.on_timeout,
-            ),
-            preflight=self.preflight,
-            reseed=check_reseed(self.reseed),
-            snapshot_every_n_steps=self.snapshot_every_n_steps,
-            run_ahead=self.run_ahead,
-            worker_method=self.worker_method,
+            policy=options.policy(),
+            preflight=options.preflight,
+            reseed=options.reseed,
+            snapshot_every_n_steps=options.snapshot_every_n_steps or 0,
+            run_ahead=options.run_ahead,
+            worker_method=options.worker_method,
+            progress=options.progress,
+            report=options.report,
         )
 
     @property
@@ -443,6 +418,28 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             statistics: LoaderStatistics = iterator.statistics()
             return statistics
         return self._history.last_statistics
+
+    def diagnose(self) -> Verdict:
+        """What holds the training loop back this epoch (or the last one), in words with
+        the figures: training itself, the main process, collate, waiting (I/O), fetching,
+        or every core in use; and what to change (``str(verdict)``; ``verdict.cause``)."""
+        from .diagnostics.environment import cpus
+
+        stats = self.statistics() or LoaderStatistics(0, 0, 0, 0, 0, 0, (), ())
+        return diagnose(stats, cpus().usable)
+
+    @contextlib.contextmanager
+    def trace(self, path: str | os.PathLike[str]) -> Iterator[Tracer]:
+        """``with loader.trace("run.json"): ...``: record every stage of every batch
+        loaded meanwhile, per worker and in the main process, and write them at the end
+        as Trace Event JSON (open it in ui.perfetto.dev or chrome://tracing, or draw it
+        with ``conveyor trace-plot run.json``)."""
+        tracer = self._history.tracer = Tracer()
+        try:
+            yield tracer
+        finally:
+            self._history.tracer = None
+            tracer.write(path)
 
     @property
     def skipped_samples(self) -> tuple[SkippedSample, ...]:

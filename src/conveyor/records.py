@@ -46,7 +46,9 @@ class WorkerStatistics:
     restarts: int
     samples_per_s: float  # over this worker's lifetime in the current iterator
     busy_share: float = 0.0  # of the epoch's wall time, the share it spent on tasks
-    cpu_s: float | None = None  # its CPU time this epoch (None: its kind cannot say)
+    # This epoch, the seconds it was running or ready to run (on a CPU or waiting for one);
+    # the rest of its busy time it waited on something else, I/O (None: cannot say).
+    active_s: float | None = None
     memory_bytes: int | None = None  # its own memory (USS; None: its kind cannot say)
 
 
@@ -68,7 +70,7 @@ class StageTimes:
     busy_s: float = 0.0  # workers' whole time on tasks
     decode_s: float = 0.0  # rebuilding batches in the main process
     pin_s: float = 0.0  # pin_memory, in the main process
-    wait_s: float = 0.0  # the training loop inside next(), waiting for a batch
+    wait_s: float = 0.0  # the training loop inside next() (rebuilding and pinning included)
     bytes: int = 0  # batch bytes moved from workers
 
     @property

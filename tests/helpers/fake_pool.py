@@ -59,6 +59,7 @@ class _Handle:
     slot_bytes = 0
     slots_exhausted = False
     held_in_worker = 0
+    nbytes = 0
 
     def __init__(self, pool: FakePool, payload: InlinePayload) -> None:
         self._pool = pool

@@ -47,7 +47,7 @@ def _stats(
     collate_s: float = 0.0,
     decode_s: float = 0.0,
     workers: int = 4,
-    cpu_s: float | None = None,
+    active_s: float | None = None,
     memory: int | None = None,
 ) -> LoaderStatistics:
     stages = StageTimes(
@@ -56,7 +56,7 @@ def _stats(
     )  # fmt: skip
     per_worker = tuple(
         WorkerStatistics(i, 1000 + i, 25, 800, 0, 80.0, busy_s / workers / seconds,
-                         None if cpu_s is None else cpu_s / workers, memory)
+                         None if active_s is None else active_s / workers, memory)
         for i in range(workers)
     )  # fmt: skip
     return LoaderStatistics(0, 100, 3200, 0, 0, 0, (), per_worker, stages, stages)
@@ -77,19 +77,19 @@ VERDICTS = [
         id="main-process-bound",
     ),
     pytest.param(
-        dict(wait_s=5.0, busy_s=39.0, fetch_s=9.0, collate_s=29.0, cpu_s=38.0),
+        dict(wait_s=5.0, busy_s=39.0, fetch_s=9.0, collate_s=29.0, active_s=38.0),
         Cause.COLLATE,
         ["collate_fn holds", "76% of their time in collate_fn", "290.00 ms a batch"],
         id="collate-bound",
     ),
     pytest.param(
-        dict(wait_s=5.0, busy_s=39.0, fetch_s=38.0, cpu_s=4.0),
+        dict(wait_s=5.0, busy_s=39.0, fetch_s=38.0, active_s=4.0),
         Cause.WAITING,
         ["mostly wait", "computing only 10%", "worker_method='thread'"],
         id="io-bound",
     ),
     pytest.param(
-        dict(wait_s=5.0, busy_s=39.0, fetch_s=38.0, cpu_s=38.0),
+        dict(wait_s=5.0, busy_s=39.0, fetch_s=38.0, active_s=38.0),
         Cause.FETCH,
         ["Fetching samples holds", "may use 8 CPUs", "num_workers to 8"],
         id="fetch-bound",
@@ -108,7 +108,7 @@ def test_each_bottleneck_gets_its_verdict_with_the_figures(
 
 
 def test_fetch_bound_at_every_core_says_so() -> None:
-    verdict = diagnose(_stats(wait_s=5.0, busy_s=39.0, fetch_s=38.0, cpu_s=38.0), cpus=4)
+    verdict = diagnose(_stats(wait_s=5.0, busy_s=39.0, fetch_s=38.0, active_s=38.0), cpus=4)
     assert verdict.cause is Cause.CORES and "every core is in use" in verdict.text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .._datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
@@ -10,6 +11,7 @@ from .._reseed import Reseed, kept_global_rngs
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import add_note
+from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from .batches import batch_size_of
 from .cursor import END
@@ -37,7 +39,8 @@ class InlineIterator:
             shard_pipe(config.dataset)  # over the ranks
         self._handed_out_before = start.position(0).handed_out_before
         self._pin = pinning_enabled(config)
-        self._tally = Tally(0)
+        self._tally = Tally(0, time.monotonic(), history)
+        self._watch = Watch.of(config)
         self.closed = False
         self._epoch = history.next_epoch()
         self._skips = SkipLedger(history.skipped, config.policy)
@@ -83,6 +86,7 @@ class InlineIterator:
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
+        began = time.monotonic()
         try:
             batch = self._next_batch()
         except StopIteration:
@@ -92,9 +96,19 @@ class InlineIterator:
             self.progress.handed_out(self._cursor.drawn - 1, -1, None)  # consumed, as torch
             raise
         self.progress.handed_out(self._cursor.drawn - 1, -1, None)
-        self._tally.delivered(None, batch_size_of(batch))
+        # Without workers the loop waits for the whole fetch and collate.
+        fetched = time.monotonic()
+        self._tally.in_process(began, self._runner.fetch_s, self._runner.collate_s)
+        if self._pin:
+            batch = pin_batch(batch)
+        ended = time.monotonic()
+        pin_s = self._tally.main_work("pin", fetched, ended) if self._pin else 0.0
+        self._tally.waited(began, ended)
+        self._tally.delivered(None, batch_size_of(batch), pin_s=pin_s)
         warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
-        return pin_batch(batch) if self._pin else batch
+        if self._watch is not None:
+            self._watch.batch(self.statistics)
+        return batch
 
     def close(self) -> None:
         self.closed = True
@@ -105,10 +119,12 @@ class InlineIterator:
             self.progress.ended()
             self._skips.log_epoch_summary()
             self._history.last_statistics = self.statistics()
+            if self._watch is not None:
+                self._watch.ended(self._history.last_statistics)
 
     def statistics(self) -> LoaderStatistics:
         skipped = len(self._skips.records)
-        return self._tally.statistics(self._epoch, skipped=skipped)
+        return self._tally.statistics(self._epoch, skipped=skipped, now=time.monotonic())
 
     def _next_batch(self) -> Any:
         while True:

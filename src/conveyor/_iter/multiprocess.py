@@ -38,9 +38,10 @@ from .._workers.threads import ThreadPool
 from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
+from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from ..sampling import consecutive_batches
-from . import failures, messages
+from . import failures
 from .book import FILED, SURVIVED, Entry, EpochEnd, GiveUp, Handout, Position, TaskBook, Wait
 from .cursor import END
 from .duplicates import StreamCheck
@@ -99,7 +100,7 @@ class MultiprocessIterator:
             run_ahead_bytes=run_ahead,
             now=now,
         )
-        self._tally = Tally(config.num_workers, now)
+        self._tally = Tally(config.num_workers, now, history, config.worker_method)
         self._specs = start.worker_specs(pipe_seed=pipe_seed, run_ahead_bytes=run_ahead)
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
@@ -108,6 +109,7 @@ class MultiprocessIterator:
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
         self._supervisor = Supervisor(config, book, self._pool, self._tally, self._pin_ahead, now)
+        self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
         self._not_ready = set(range(config.num_workers))
@@ -136,13 +138,17 @@ class MultiprocessIterator:
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
+        began = time.monotonic()  # the training loop waits from here until the batch
         try:
             batch = self._next_batch()
+            self._tally.waited(began, time.monotonic())
             if self._pin_ahead is not None:
                 self._pin_next()
         except StopIteration:
             self.progress.ended()
             self._book.skips.log_epoch_summary()
+            if self._watch is not None:
+                self._watch.ended(self.statistics())
             if not self._config.persistent_workers:
                 self.close()
             raise
@@ -153,6 +159,8 @@ class MultiprocessIterator:
             self.close()
             raise
         warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
+        if self._watch is not None:
+            self._watch.batch(self.statistics)
         return batch
 
     def close(self) -> None:
@@ -162,45 +170,33 @@ class MultiprocessIterator:
         self.closed = True
         self._finalizer()
 
-    def _shutdown_workers(self) -> None:
-        """torch's name for :meth:`close` (called on a persistent loader's _iterator)."""
-        self.close()
+    _shutdown_workers = close  # torch's name for it (called on a persistent loader's _iterator)
 
     def reset(self) -> None:
         """Start another epoch on the same (persistent) workers."""
         self.progress = self._new_progress(self.progress.worker_states)
-        if self._pipe_seeds is not None:
-            config = self._config
-            seed = SeedPipe(self._pipe_seeds.draw(config.generator, config.dataset))
-            for worker_id in range(config.num_workers):
+        if (pipes := self._pipe_seeds) is not None:
+            seed = SeedPipe(pipes.draw(self._config.generator, self._config.dataset))
+            for worker_id in range(self._config.num_workers):
                 self._pool.send(worker_id, seed)
         self._start_epoch(None)
 
     def statistics(self) -> LoaderStatistics:
-        now, book = time.monotonic(), self._book
-        skipped, pids = len(self._history.skipped), self._supervisor.pids()
-        return self._tally.statistics(
-            book.epoch, skipped=skipped, now=now, pids=pids, tasks=book.tasks.values()
-        )
+        return self._supervisor.statistics(skipped=len(self._history.skipped))
 
     @property
     def _workers(self) -> list[Any]:
-        """The worker processes, as torch's iterator exposes them (tests and tools reach
-        for ``it._workers``): real ``pid``, ``is_alive()``, ``join()``, ``exitcode``."""
+        """The worker processes, as torch's iterator shows them (``pid``, ``is_alive()``...)."""
         handles = self._pool.abilities.handles
         return handles() if handles is not None else []
 
     def _new_progress(self, worker_states: list[WorkerState] | None = None) -> Progress:
+        config, history = self._config, self._history
         progress = Progress(
-            config=self._config,
-            history=self._history,
-            cursor=self._cursor,
-            num_workers=self._config.num_workers,
-            base_seed=self._base_seed,
-            epoch=self._history.epochs_started,
-            per_worker=self._per_worker,
+            config, history, self._cursor, config.num_workers, self._base_seed,
+            history.epochs_started, per_worker=self._per_worker,
             worker_states=list(worker_states or []),
-        )
+        )  # fmt: skip
         progress.settle = weakref.WeakMethod(self._await_reports)
         return progress
 
@@ -218,7 +214,8 @@ class MultiprocessIterator:
         self.progress.start_from(start.mid if start is not None else None)
         at = start.position(self._config.num_workers) if start is not None else Position()
         abandoned = self._book.start_epoch(epoch, self._config.epoch_samples(), at)
-        self._tally.start_epoch()
+        self._tally.start_epoch(now=time.monotonic(), usage=self._pool.abilities.usage)
+        self._watch = Watch.of(self._config)
         self._deadlines.count_from(time.monotonic())
         decoded = self._pin_ahead.drop() if self._pin_ahead is not None else None
         for entry in abandoned:  # after a break: give back what came and was not handed out
@@ -308,20 +305,21 @@ class MultiprocessIterator:
                 assert_never(reply)
 
     def _decode(self, entry: Entry, handle: BatchHandle) -> Any:
-        if handle.slots_exhausted:  # it came through a pipe: say why if the user can help it
-            held_in_worker = handle.held_in_worker
-            if self._book.ahead.slots_exhausted(held_in_worker, handle.batches_alive()):
-                why = messages.slots_held(entry.worker_id, held_in_worker)
-                warnings.warn(why, BatchesHeldWarning, stacklevel=4)
+        # It came through a pipe: say why if the user can help it.
+        if handle.slots_exhausted and (why := self._book.ahead.held(entry.worker_id, handle)):
+            warnings.warn(why, BatchesHeldWarning, stacklevel=4)
         pinned, batch = self._pin_ahead.take(entry) if self._pin_ahead else (False, None)
+        tally, began = self._tally, time.monotonic()
         if not pinned:
             batch = self._rebuild(entry, handle)
-        self._tally.delivered_from(entry, batch)
+        decoded = time.monotonic()
         if self._streams and (text := self._streams.batch(entry.worker_id, entry.reply, batch)):
             warnings.warn(text, DuplicateDataWarning, stacklevel=4)
-        if pinned or self._pin is None:
-            return batch
-        return self._pin(batch)
+        if not pinned and self._pin is not None:
+            batch = self._pin(batch)
+        pin_s = tally.main_work("pin", decoded, time.monotonic()) if self._pin else 0.0
+        tally.delivered_from(entry, batch, tally.main_work("decode", began, decoded), pin_s)
+        return batch
 
     def _pin_next(self) -> None:
         """Pin the next batch, if it came, while the user works on this one (pin_ahead)."""
@@ -374,6 +372,8 @@ class MultiprocessIterator:
                     self.progress.began(worker_id, message.epoch_state)
                 slot = batch.slot_bytes if batch is not None else 0
                 filed = self._book.on_reply(worker_id, message, batch, time.monotonic(), slot)
+                if filed == FILED and type(message) is BatchDone:
+                    self._tally.worked(worker_id, message, batch)
                 if filed != FILED:
                     # A batch of an epoch the user abandoned, or a suspect's verdict:
                     # just free its slot.

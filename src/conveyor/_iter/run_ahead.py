@@ -10,6 +10,8 @@ abandoned epoch, a worker replaced, every slot of a worker in use).
 from __future__ import annotations
 
 from .._transport.arena import RUN_AHEAD_BATCH_S, run_ahead
+from .._workers.api import BatchHandle
+from . import messages
 
 SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
 
@@ -53,6 +55,14 @@ class RunAhead:
 
     def allow(self, per_worker: int) -> None:
         self.extra = per_worker
+
+    def held(self, worker_id: int, batch: BatchHandle) -> str | None:
+        """The warning for a batch that came through its worker's pipe, every slot being
+        in use, if the user should be told (see :meth:`slots_exhausted`)."""
+        held_in_worker = batch.held_in_worker
+        if self.slots_exhausted(held_in_worker, batch.batches_alive()):
+            return messages.slots_held(worker_id, held_in_worker)
+        return None
 
     def slots_exhausted(self, held_in_worker: int, held_by_loop: int) -> bool:
         """A worker found every slot in use and sent a batch through its pipe; True when

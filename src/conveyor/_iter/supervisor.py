@@ -18,6 +18,7 @@ from .._workers.api import Pool
 from .._workers.events import Died
 from ..config import LoaderConfig
 from ..errors import WorkerRestartedWarning, WorkerStallWarning
+from ..records import LoaderStatistics
 from . import messages
 from .book import TaskBook
 from .crashes import CrashJudge, GiveUpAt, Restart
@@ -41,6 +42,15 @@ class Supervisor:
         self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
         self.deadlines = Deadlines(book, config.policy, timeout=config.timeout, now=now)
         self._recheck_at = 0.0  # when the status pages must be read again
+
+    def statistics(self, skipped: int) -> LoaderStatistics:
+        """``statistics()``: the tally, with what the pool can say of its workers."""
+        book, usage = self._book, self._pool.abilities.usage
+        alive = usage.alive() if usage is not None else 0
+        return self._tally.statistics(
+            book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
+            tasks=book.tasks.values(), usage=usage, alive=alive,
+        )  # fmt: skip
 
     def pids(self) -> list[int | None]:
         inspect = self._pool.abilities.inspect

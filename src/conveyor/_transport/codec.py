@@ -477,3 +477,10 @@ class PayloadHandle:
 
     def batches_alive(self) -> int:
         return self._decoder.batches_alive
+
+    @property
+    def nbytes(self) -> int:
+        payload = self.payload
+        if type(payload) is SlotPayload:
+            return sum(n for _, n in payload.layout) + len(payload.meta)
+        return len(payload.data)  # type: ignore[union-attr]

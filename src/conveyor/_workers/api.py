@@ -33,6 +33,7 @@ __all__ = [
     "PoolEvent",
     "PoolFactory",
     "Received",
+    "Usage",
 ]
 
 
@@ -68,6 +69,11 @@ class BatchHandle(Protocol):
         """Batches of its worker's memory handed out and not yet garbage."""
         ...
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes it crossed the transport with (0: handed over by reference)."""
+        ...
+
 
 class Inspector(Protocol):
     """Seeing into running workers."""
@@ -83,6 +89,23 @@ class Inspector(Protocol):
         ...
 
 
+class Usage(Protocol):
+    """What running workers use (statistics and the verdict)."""
+
+    def active_s(self, worker_id: int) -> float | None:
+        """Seconds the worker has been running or ready to run (on a CPU, or waiting for
+        one) so far; the rest of its busy time it waited on I/O (None: unknown)."""
+        ...
+
+    def memory_bytes(self, worker_id: int) -> int | None:
+        """Memory the worker alone holds (USS; None: unknown, or shared with others)."""
+        ...
+
+    def alive(self) -> int:
+        """Batches of the workers' memory handed out and not yet garbage."""
+        ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What a kind of worker can do beyond the four verbs (None: it can't)."""
@@ -91,6 +114,7 @@ class Abilities:
     kill: Callable[[int], None] | None = None  # end a stuck worker: a Died follows
     flush: Callable[[], None] | None = None  # hand freed memory back to workers now
     handles: Callable[[], list[Any]] | None = None  # for code that reads iterator._workers
+    usage: Usage | None = None  # their CPU time and memory
 
 
 class Pool(Protocol):

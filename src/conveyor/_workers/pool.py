@@ -25,7 +25,7 @@ from .events import Died, PoolEvent, Received
 from .interrupts import interrupts_deferred
 from .process import Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
-from .stacks import dump_stacks
+from .stacks import active_s, dump_stacks, process_uss
 from .start import modules_to_preload
 from .status import WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
@@ -98,7 +98,9 @@ class WorkerPool:
 
     @property
     def abilities(self) -> Abilities:
-        return Abilities(inspect=self, kill=self.kill, flush=self.flush, handles=self.handles)
+        return Abilities(
+            inspect=self, kill=self.kill, flush=self.flush, handles=self.handles, usage=self
+        )
 
     # --- talking to workers ---------------------------------------------------------
 
@@ -237,6 +239,17 @@ class WorkerPool:
         if worker.process.exitcode is not None:
             return ""
         return dump_stacks(worker.pid, worker.stacks, timeout)
+
+    # --- what workers use (Abilities.usage) ------------------------------------------
+
+    def active_s(self, worker_id: int) -> float | None:
+        return active_s(self._workers[worker_id].pid)
+
+    def memory_bytes(self, worker_id: int) -> int | None:
+        return process_uss(self._workers[worker_id].pid)
+
+    def alive(self) -> int:
+        return sum(worker.decoder.batches_alive for worker in self._workers)
 
     # --- life and death -------------------------------------------------------------
 

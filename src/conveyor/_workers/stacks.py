@@ -1,4 +1,5 @@
-"""A worker process's Python stacks, asked for while it runs (a stalled task).
+"""Looking into a running worker process: its Python stacks (a stalled task), its CPU
+time and memory (statistics).
 
 The worker's faulthandler answers SIGUSR1 from C, even while Python code is stuck,
 into a pipe whose read end the main process keeps.
@@ -13,7 +14,7 @@ from multiprocessing.connection import wait
 
 import psutil
 
-__all__ = ["dump_stacks"]
+__all__ = ["active_s", "dump_stacks", "process_uss"]
 
 
 def dump_stacks(pid: int | None, stacks_fd: int, timeout: float = 2.0) -> str:
@@ -61,3 +62,29 @@ def _worker_frames_only(dump: str) -> str:
         if "in worker_main" in line:
             skipping = True
     return "\n".join(kept)
+
+
+def active_s(pid: int | None, tid: int | None = None) -> float | None:
+    """Seconds the process (or one of its threads) has been running or ready to run: on
+    a CPU, or waiting in the run queue for one (``/proc/.../schedstat``). What is left of
+    a worker's busy time is time it waited on something else (I/O, a lock, a sleep).
+    None if it is gone or the kernel does not say."""
+    if pid is None:
+        return None
+    path = f"/proc/{pid}/schedstat" if tid is None else f"/proc/{pid}/task/{tid}/schedstat"
+    try:
+        with open(path, "rb") as stat:
+            running, waiting, _ = stat.read().split()
+    except (OSError, ValueError):
+        return None
+    return (int(running) + int(waiting)) / 1e9
+
+
+def process_uss(pid: int | None) -> int | None:
+    """Memory the process alone holds (USS), or None if it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_full_info().uss)
+    except (psutil.Error, AttributeError):
+        return None

@@ -32,6 +32,7 @@ from .api import Abilities
 from .core import UserObjects, WorkerCore, WorkerSpec
 from .events import Died, PoolEvent, Received
 from .protocol import BatchDone, MainMessage, SeedPipe, StartupFailed, Stop, Task, WorkerMessage
+from .stacks import active_s
 from .status import MemoryStatus, WorkerStatus
 
 __all__ = ["ThreadPool"]
@@ -64,6 +65,7 @@ class _Batch:
     slot_bytes = 0
     slots_exhausted = False
     held_in_worker = 0
+    nbytes = 0  # handed over by reference
 
     def __init__(self, batch: Any) -> None:
         self._batch = batch
@@ -155,7 +157,7 @@ class ThreadPool:
 
     @property
     def abilities(self) -> Abilities:
-        return Abilities(inspect=self)
+        return Abilities(inspect=self, usage=self)
 
     def send(self, worker_id: int, message: Task | SeedPipe) -> None:
         if isinstance(message, SeedPipe):
@@ -203,6 +205,17 @@ class ThreadPool:
         for worker in self._workers:
             if worker.thread is not threading.current_thread():
                 worker.thread.join(STOP_GRACE_S)
+
+    # --- what workers use (Abilities.usage) --------------------------------------------
+
+    def active_s(self, worker_id: int) -> float | None:
+        return active_s(os.getpid(), self._workers[worker_id].thread.native_id)
+
+    def memory_bytes(self, worker_id: int) -> int | None:
+        return None  # threads share the process's memory
+
+    def alive(self) -> int:
+        return 0  # no slots: batches are the garbage collector's
 
     # --- seeing into workers (Abilities.inspect) ---------------------------------------
 

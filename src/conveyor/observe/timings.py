@@ -59,7 +59,7 @@ class StageClock:
         t.collate_s += collate_s
         t.send_s += send_s
         t.bytes += nbytes
-        if worker_id < len(self.worker_busy):
+        if 0 <= worker_id < len(self.worker_busy):
             self.worker_busy[worker_id] += busy_s
             self.worker_busy_total[worker_id] += busy_s
 

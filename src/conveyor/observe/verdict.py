@@ -16,7 +16,7 @@ __all__ = ["Cause", "Verdict", "diagnose"]
 
 IDLE_LOOP = 0.05  # the loop waiting less than this share of the time: loading keeps up
 BUSY_WORKERS = 0.6  # workers busy less than this while the loop waits: they are not the cause
-WAITING_CPU = 0.5  # workers computing less than this share of their busy time: they wait (I/O)
+WAITING_CPU = 0.5  # workers active less than this share of their busy time: they wait (I/O)
 MIB = 1 << 20
 
 
@@ -78,11 +78,11 @@ def diagnose(stats: LoaderStatistics, cpus: int, *, stages: StageTimes | None = 
             f"{_per_batch(times, 'fetch_s')} fetching). Make collate_fn cheaper (pad in "
             "__getitem__, stack arrays, avoid Python loops over elements).",
         )
-    cpu = _cpu_share(stats, times)
-    if cpu is not None and cpu < WAITING_CPU:
+    active = _active_share(stats, times)
+    if active is not None and active < WAITING_CPU:
         return Verdict(
             Cause.WAITING,
-            f"Samples mostly wait (I/O): {figures}, yet computing only {cpu:.0%} of that "
+            f"Samples mostly wait (I/O): {figures}, yet computing only {active:.0%} of that "
             "time. More requests in flight help, not more cores: "
             f"worker_method='thread' with num_workers well past {cpus} (16, 32, 64).",
         )
@@ -120,9 +120,10 @@ def _per_batch(times: StageTimes, name: str) -> str:
     return f"{1000 * times.per_batch(getattr(times, name)):.2f} ms"
 
 
-def _cpu_share(stats: LoaderStatistics, times: StageTimes) -> float | None:
-    """Workers' CPU time over their busy time, where their kind can say."""
-    cpu = [w.cpu_s for w in stats.workers]
-    if not cpu or any(c is None for c in cpu) or times.busy_s <= 0:
+def _active_share(stats: LoaderStatistics, times: StageTimes) -> float | None:
+    """The share of the workers' busy time they were computing or waiting for a core
+    (the rest they waited on I/O), where their kind can say."""
+    active = [w.active_s for w in stats.workers]
+    if not active or any(a is None for a in active) or times.busy_s <= 0:
         return None
-    return sum(c for c in cpu if c is not None) / times.busy_s
+    return sum(a for a in active if a is not None) / times.busy_s
