@@ -21,6 +21,7 @@ from .records import LoaderStatistics, SkippedSample
 from .stateful import is_stateful
 
 if TYPE_CHECKING:
+    from .observe.autotune import Autotuner
     from .observe.trace import Tracer
 
 __all__ = [
@@ -232,6 +233,13 @@ class LoaderConfig:
     worker_method: str = "multiprocessing"  # or "thread": see DataLoader
     progress: bool = False  # a progress line as epochs go (observe/progress.py)
     report: bool = False  # the epoch's figures and verdict at its end (observe/watch.py)
+    tuner: Autotuner | None = None  # num_workers="auto": chose the count, adapts it
+
+    @property
+    def fixed_count(self) -> bool:
+        """An iterable dataset's shards, or a dataset's own state, follow the worker count:
+        ``num_workers="auto"`` chooses it once and keeps it."""
+        return self.iterable or self.dataset_keeps_state
 
     def __post_init__(self) -> None:
         if self.in_threads and self.policy.on_timeout == "restart":

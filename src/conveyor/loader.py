@@ -16,7 +16,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, cast
 
 from . import _datapipes, _torch
 from . import collate as _collate
@@ -31,6 +31,7 @@ from .dataset import is_iterable_dataset
 from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
 from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
+from .observe.autotune import auto_workers
 from .observe.trace import Tracer
 from .observe.verdict import Verdict, diagnose
 from .records import LoaderStatistics, SkippedSample
@@ -89,7 +90,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         shuffle: bool | None = None,
         sampler: Iterable[Any] | None = None,
         batch_sampler: Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -115,6 +116,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         progress: bool = False,
         report: bool = False,
     ) -> None:
+        self._tuner = auto_workers(num_workers, worker_method)  # num_workers="auto"
+        num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
@@ -278,6 +281,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             worker_method=options.worker_method,
             progress=options.progress,
             report=options.report,
+            tuner=self._tuner,
         )
 
     @property

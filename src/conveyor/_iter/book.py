@@ -85,6 +85,7 @@ class Entry:
 class WorkerRecord:
     active: bool = True  # an iterable dataset's worker is inactive once its iterator ends
     in_flight: int = 0  # tasks sent to it and not yet handed out
+    retired: bool = False  # num_workers="auto" let it go: it gets no task again
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,9 @@ class TaskBook:
         self._fatal: tuple[int, BaseException] | None = None  # (place in the order, error)
         self._handed_out_before: frozenset[int] = frozenset()  # by an earlier run (resume)
         for record in self.workers:
-            record.active = True
+            record.active = not record.retired
             record.in_flight = 0
-        self._active = self.num_workers  # workers still active (iterable datasets)
+        self._active = self.serving  # workers still active (iterable datasets)
 
     # --- epochs ---------------------------------------------------------------------
 
@@ -194,6 +195,35 @@ class TaskBook:
         self.skips.start_epoch(epoch, epoch_samples)
         return abandoned
 
+    # --- how many workers (num_workers="auto") -----------------------------------------
+
+    @property
+    def serving(self) -> int:
+        """Workers that get tasks (all but those retired)."""
+        return sum(1 for record in self.workers if not record.retired)
+
+    def add_worker(self) -> int:
+        """One more worker, from now on; its id."""
+        self.workers.append(WorkerRecord())
+        self.num_workers += 1
+        self._active += 1
+        self.ahead.add_worker()
+        return self.num_workers - 1
+
+    def retire_worker(self, worker_id: int) -> None:
+        """No more tasks for ``worker_id``: it answers those it has (see :meth:`drained`)."""
+        record = self.workers[worker_id]
+        if not record.retired:
+            record.retired = True
+            if record.active:
+                record.active = False
+                self._active -= 1
+
+    def drained(self, worker_id: int) -> bool:
+        """A retired worker whose every task was handed out: it can be stopped."""
+        record = self.workers[worker_id]
+        return record.retired and record.in_flight == 0
+
     @property
     def fatal(self) -> BaseException | None:
         """The error the book gave up with, if it did."""
@@ -213,13 +243,13 @@ class TaskBook:
         per worker are sent and not handed out, and the sampler has more."""
         if self._sampler_done or self._fatal is not None:
             return False
-        return len(self.tasks) < (self.prefetch + self.ahead.extra) * self.num_workers
+        return len(self.tasks) < (self.prefetch + self.ahead.extra) * self.serving
 
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._fatal is not None:
             return None
-        capacity = (self.prefetch + self.ahead.extra) * self.num_workers // max(1, self._active)
+        capacity = (self.prefetch + self.ahead.extra) * self.serving // max(1, self._active)
         for _ in range(self.num_workers):
             worker_id = self._cursor
             self._cursor = (self._cursor + 1) % self.num_workers

@@ -120,6 +120,9 @@ class CrashJudge:
 
     # --- what the judge is told -------------------------------------------------------
 
+    def add_worker(self) -> None:
+        self._init_crashes.append(0)
+
     def on_ready(self, worker_id: int) -> None:
         """A replacement that starts fine ends a run of start-up deaths."""
         self._init_crashes[worker_id] = 0

@@ -90,16 +90,11 @@ class MultiprocessIterator:
         now = time.monotonic()
         run_ahead = run_ahead_bytes(config.num_workers) if config.run_ahead else 0
         self._book = book = TaskBook(
-            num_workers=config.num_workers,
-            prefetch=config.prefetch_factor,
-            in_order=config.in_order,
-            iterable=config.iterable,
-            auto_collation=config.auto_collation,
-            policy=config.policy,
-            skipped=history.skipped,
-            run_ahead_bytes=run_ahead,
-            now=now,
-        )
+            num_workers=config.num_workers, prefetch=config.prefetch_factor,
+            in_order=config.in_order, iterable=config.iterable,
+            auto_collation=config.auto_collation, policy=config.policy,
+            skipped=history.skipped, run_ahead_bytes=run_ahead, now=now,
+        )  # fmt: skip
         self._tally = Tally(config.num_workers, now, history, config.worker_method)
         self._specs = start.worker_specs(pipe_seed=pipe_seed, run_ahead_bytes=run_ahead)
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
@@ -108,7 +103,9 @@ class MultiprocessIterator:
             pool_factory = ThreadPool if config.in_threads else WorkerPool
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
-        self._supervisor = Supervisor(config, book, self._pool, self._tally, self._pin_ahead, now)
+        self._supervisor = Supervisor(
+            config, book, self._pool, self._tally, self._pin_ahead, now, self._specs
+        )
         self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
@@ -159,6 +156,7 @@ class MultiprocessIterator:
             self.close()
             raise
         warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
+        self._supervisor.after_batch()  # num_workers="auto" decides here
         if self._watch is not None:
             self._watch.batch(self.statistics)
         return batch

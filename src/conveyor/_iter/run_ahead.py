@@ -25,6 +25,9 @@ class RunAhead:
         self._told_slots_held = False
         self.start_epoch([0] * num_workers)
 
+    def add_worker(self) -> None:
+        self.stale.append(0)
+
     def start_epoch(self, stale: list[int]) -> None:
         """An epoch starts with prefetch alone: after a break, the slots of the last
         epoch's tasks still out (``stale``, per worker) must come back first."""

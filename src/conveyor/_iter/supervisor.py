@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 
 from .._compat import assert_never
 from .._workers.api import Pool
+from .._workers.core import WorkerSpec
 from .._workers.events import Died
 from ..config import LoaderConfig
 from ..errors import WorkerRestartedWarning, WorkerStallWarning
 from ..records import LoaderStatistics
 from . import messages
+from .autotuning import WorkerCount
 from .book import TaskBook
 from .crashes import CrashJudge, GiveUpAt, Restart
 from .deadlines import Busy, Deadlines, Stalled, TimedOut
@@ -36,21 +39,31 @@ class Supervisor:
         tally: Tally,
         pin_ahead: PinAhead | None,
         now: float,
+        specs: list[WorkerSpec] | None = None,
     ) -> None:
+        """``specs``: the workers', from which more are made (``num_workers="auto"``)."""
         self._book, self._pool, self._tally, self._pin_ahead = book, pool, tally, pin_ahead
         forked = config.start_method.copies_memory
         self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
         self.deadlines = Deadlines(book, config.policy, timeout=config.timeout, now=now)
         self._recheck_at = 0.0  # when the status pages must be read again
+        self.count: WorkerCount | None = None
+        if config.tuner is not None and specs is not None and not config.fixed_count:
+            self.count = WorkerCount(config.tuner, book, pool, tally, self.judge, specs)
+
+    def after_batch(self) -> None:
+        if self.count is not None:
+            self.count.after_batch()
 
     def statistics(self, skipped: int) -> LoaderStatistics:
         """``statistics()``: the tally, with what the pool can say of its workers."""
         book, usage = self._book, self._pool.abilities.usage
         alive = usage.alive() if usage is not None else 0
-        return self._tally.statistics(
+        stats = self._tally.statistics(
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
             tasks=book.tasks.values(), usage=usage, alive=alive,
         )  # fmt: skip
+        return stats if self.count is None else replace(stats, notes=self.count.notes)
 
     def pids(self) -> list[int | None]:
         inspect = self._pool.abilities.inspect

@@ -63,6 +63,11 @@ class Tally:
         if usage is not None:
             self._cpu_from = [usage.active_s(i) for i in range(len(self._workers))]
 
+    def add_worker(self, now: float, usage: Usage | None = None) -> None:
+        self._workers.append(_WorkerTally(now))
+        self.clock.add_worker()
+        self._cpu_from.append(usage.active_s(len(self._workers) - 1) if usage else None)
+
     def worked(self, worker_id: int, reply: BatchDone, batch: BatchHandle | None) -> None:
         """A worker's reply came with its account of its time."""
         nbytes = batch.nbytes if batch is not None else 0

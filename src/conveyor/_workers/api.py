@@ -33,6 +33,7 @@ __all__ = [
     "PoolEvent",
     "PoolFactory",
     "Received",
+    "Resizer",
     "Usage",
 ]
 
@@ -106,6 +107,18 @@ class Usage(Protocol):
         ...
 
 
+class Resizer(Protocol):
+    """More or fewer workers while they run (``num_workers="auto"``)."""
+
+    def add(self, spec: WorkerSpec) -> None:
+        """Start one more worker; ``spec.worker_id`` is the next id."""
+        ...
+
+    def retire(self, worker_id: int) -> None:
+        """Stop a worker that has no task left, for good."""
+        ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What a kind of worker can do beyond the four verbs (None: it can't)."""
@@ -115,6 +128,7 @@ class Abilities:
     flush: Callable[[], None] | None = None  # hand freed memory back to workers now
     handles: Callable[[], list[Any]] | None = None  # for code that reads iterator._workers
     usage: Usage | None = None  # their CPU time and memory
+    resize: Resizer | None = None  # more or fewer of them as they run
 
 
 class Pool(Protocol):

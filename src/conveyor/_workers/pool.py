@@ -50,6 +50,7 @@ class WorkerPool:
     ) -> None:
         self._workers: list[Worker] = []
         self._retired: list[Worker] = []  # replaced: their batches may still be decoded
+        self._let_go: set[int] = set()  # ids stopped for good (num_workers="auto")
         self._closed = False
         self._owner_pid = os.getpid()
         self._method = start_method
@@ -99,8 +100,9 @@ class WorkerPool:
     @property
     def abilities(self) -> Abilities:
         return Abilities(
-            inspect=self, kill=self.kill, flush=self.flush, handles=self.handles, usage=self
-        )
+            inspect=self, kill=self.kill, flush=self.flush, handles=self.handles, usage=self,
+            resize=self,
+        )  # fmt: skip
 
     # --- talking to workers ---------------------------------------------------------
 
@@ -118,7 +120,7 @@ class WorkerPool:
     def flush(self) -> None:
         """Slots freed in a number no task is carrying (see RELEASE_ALONE): to their
         workers now, in a message of their own."""
-        for worker in self._workers:
+        for worker in self._serving():
             if len(worker.pending_releases) >= RELEASE_ALONE:
                 self._write(worker, Release(worker.take_releases()))
 
@@ -137,7 +139,7 @@ class WorkerPool:
         """
         events: list[PoolEvent] = []
         self.flush()
-        for worker in self._workers:
+        for worker in self._serving():
             if worker.reader.holds_frame:
                 events += self._received(worker, worker.reader.buffered())
         if events:
@@ -183,7 +185,7 @@ class WorkerPool:
                 return []
 
     def _watch_writers(self) -> None:
-        for worker in self._workers:
+        for worker in self._serving():
             fd = worker.outbox.fd
             if worker.outbox.pending and fd not in self._writing:
                 self._selector.register(fd, selectors.EVENT_WRITE, (_TASK, worker))
@@ -229,9 +231,11 @@ class WorkerPool:
     # --- seeing into workers (Abilities.inspect) -------------------------------------
 
     def pids(self) -> list[int | None]:
-        return [w.pid for w in self._workers]
+        return [None if i in self._let_go else w.pid for i, w in enumerate(self._workers)]
 
     def status(self, worker_id: int) -> WorkerStatus:
+        if worker_id in self._let_go:
+            return WorkerStatus(-1, -1, None, -1, 0.0)  # gone: idle, for the deadlines
         return read_status(self._workers[worker_id].arena.status_page)
 
     def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
@@ -255,7 +259,30 @@ class WorkerPool:
 
     def handles(self) -> list[WorkerHandle]:
         """The current worker processes, for ``iterator._workers``."""
-        return [worker.handle for worker in self._workers]
+        return [worker.handle for worker in self._serving()]
+
+    # --- how many workers (Abilities.resize) -------------------------------------------
+
+    def add(self, spec: WorkerSpec) -> None:
+        """Start one more worker (its id: the next one)."""
+        assert spec.worker_id == len(self._workers), "workers are added in order"
+        self._specs.append(spec)
+        self._workers.append(self._start(spec))
+
+    def retire(self, worker_id: int) -> None:
+        """Stop a worker that has no task left, for good (it is not replaced)."""
+        worker = self._workers[worker_id]
+        self._let_go.add(worker_id)
+        with contextlib.suppress(OSError, ValueError):
+            worker.outbox.send(Stop())
+        escalate([worker])
+        self._unwatch(worker)
+        kill_descendants(worker.pid)
+        release(worker)
+        self._retired.append(worker)  # its batches the user holds stay readable
+
+    def _serving(self) -> list[Worker]:
+        return [w for i, w in enumerate(self._workers) if i not in self._let_go]
 
     def restart(self, worker_id: int) -> None:
         """Start a new worker in place of a dead one (same id, same seed)."""
@@ -291,13 +318,14 @@ class WorkerPool:
             self._teardown()
 
     def _teardown(self) -> None:
-        for worker in self._workers:
+        serving = self._serving()
+        for worker in serving:
             with contextlib.suppress(TypeError, ValueError):  # its page already let go
                 request_stop(worker.arena.status_page)  # no task it has not begun
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.outbox.send(Stop())  # wakes a worker waiting for its next task
-        escalate(self._workers)
-        for worker in self._workers:
+        escalate(serving)
+        for worker in serving:
             self._unwatch(worker)
             kill_descendants(worker.pid)
             release(worker)

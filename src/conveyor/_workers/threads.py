@@ -157,7 +157,7 @@ class ThreadPool:
 
     @property
     def abilities(self) -> Abilities:
-        return Abilities(inspect=self, usage=self)
+        return Abilities(inspect=self, usage=self, resize=self)
 
     def send(self, worker_id: int, message: Task | SeedPipe) -> None:
         if isinstance(message, SeedPipe):
@@ -186,6 +186,19 @@ class ThreadPool:
             # A DataPipe graph is sharded per worker in place: each needs the whole graph.
             dataset = copy.deepcopy(dataset) if is_datapipe(dataset) else copy.copy(dataset)
         return dataclasses.replace(self._user, dataset=dataset)
+
+    def add(self, spec: WorkerSpec) -> None:
+        """One more worker thread (its id: the next one)."""
+        assert spec.worker_id == len(self._workers), "workers are added in order"
+        self._specs.append(spec)
+        self._workers.append(_Worker(spec, self._own(spec), self._events))
+
+    def retire(self, worker_id: int) -> None:
+        """Stop a worker thread that has no task left, for good."""
+        worker = self._workers[worker_id]
+        worker.stopped = True
+        worker.inbox.queue.put(Stop())
+        worker.thread.join(STOP_GRACE_S)
 
     def restart(self, worker_id: int) -> None:
         """A thread that ended unexpectedly (an error in conveyor itself) is replaced."""

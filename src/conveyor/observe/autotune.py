@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..records import StageTimes
+from .progress import logger
 
-__all__ = ["Autotuner", "Decision", "Limits"]
+__all__ = ["Autotuner", "Decision", "Limits", "auto_workers"]
 
 WAITING = 0.05  # the loop waiting more than this share of a window: loading holds it back
 BUSY = 0.75  # workers busy more than this: more of them would help
 IDLE = 0.4  # workers busy less than this while the loop never waits: one can go
+WAITING_IO = 0.5  # workers active less than this share of their busy time wait on I/O
 MEMORY_MARGIN = 0.8  # of the memory left, what workers may take
 WINDOW_BATCHES = 8  # a window is at least this many batches...
 WINDOW_S = 1.0  # ... and this long
@@ -46,6 +49,7 @@ class Autotuner:
         self.threads = threads
         self.quiet = 0  # windows in a row without a change
         self.history: list[tuple[int, str]] = []  # (workers, why) at each change
+        self.held_back: str | None = None  # the latest reason it could not add one
 
     def first(self) -> Decision:
         """Where to start: one worker per usable CPU (threads: twice that, since they
@@ -73,21 +77,29 @@ class Autotuner:
         workers: int,
         worker_memory: int | None = None,
         memory_left: int | None = None,
+        active_s: float | None = None,
     ) -> Decision:
         """After a window: add a worker, retire one, or keep. ``worker_memory``: what one
         worker takes, measured (None: its kind cannot say); ``memory_left``: what the
-        machine or cgroup has left (None: no limit known)."""
+        machine or cgroup has left (None: no limit known); ``active_s``: the workers'
+        seconds running or runnable in the window (the rest of their busy time they
+        waited on I/O: then more of them than cores help)."""
         waiting = window.wait_share
         busy = window.busy_s / (workers * window.seconds) if workers and window.seconds else 0.0
         seen = f"the loop waited {waiting:.0%} of the last {window.seconds:.1f} s, {workers} "
         seen += f"workers busy {busy:.0%}"
         decision = Decision(0, f"kept {workers} workers: {seen}")
         if waiting > WAITING and busy > BUSY:
-            room = self._room(workers, worker_memory, memory_left)
+            io = active_s is not None and active_s < WAITING_IO * window.busy_s
+            room = self._room(workers, worker_memory, memory_left, io)
+            # Threads mostly wait: grow by half at a time (one by one, 64 would take a
+            # minute); processes one at a time (cores are few).
+            more = min(max(1, workers // 2), self.limits.most - workers) if self.threads else 1
             if room is None:
-                decision = Decision(1, f"added a worker: {seen}")
+                decision = Decision(more, f"added {_workers(more)}: {seen}")
             else:
                 decision = Decision(0, f"kept {workers} workers ({room}): {seen}")
+                self.held_back = decision.why
         elif waiting <= WAITING and busy < IDLE and workers > 1:
             decision = Decision(-1, f"retired a worker: {seen}")
         if decision.change:
@@ -97,11 +109,14 @@ class Autotuner:
             self.quiet += 1
         return decision
 
-    def _room(self, workers: int, worker_memory: int | None, left: int | None) -> str | None:
-        """Why no worker can be added (None: one can)."""
+    def _room(
+        self, workers: int, worker_memory: int | None, left: int | None, io: bool = False
+    ) -> str | None:
+        """Why no worker can be added (None: one can). Workers that mostly wait on I/O
+        may outnumber the cores."""
         if workers >= self.limits.most:
             return f"the most for this kind of worker, {self.limits.most}"
-        if not self.threads and workers >= self.limits.cpus:
+        if not self.threads and not io and workers >= self.limits.cpus:
             return f"one per usable CPU, {self.limits.cpus}"
         if left is not None and worker_memory and worker_memory > MEMORY_MARGIN * left:
             return (
@@ -109,3 +124,28 @@ class Autotuner:
                 f"({left >> 20:,} MiB)"
             )
         return None
+
+
+def _workers(count: int) -> str:
+    return "a worker" if count == 1 else f"{count} workers"
+
+
+THREADS_MOST = 64  # thread workers mostly wait: many more than cores, within reason
+PROCESSES_PER_CPU = 4  # worker processes beyond the cores only while they wait on I/O
+
+
+def auto_workers(num_workers: object, worker_method: str) -> Autotuner | None:
+    """For ``num_workers="auto"``, a tuner that has chosen where to start (logged on the
+    ``conveyor`` logger); None for a count."""
+    if num_workers != "auto":
+        if isinstance(num_workers, str):
+            raise ConfigError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        return None
+    from ..diagnostics.environment import cpus
+
+    usable = cpus().usable
+    threads = worker_method == "thread"
+    most = THREADS_MOST if threads else PROCESSES_PER_CPU * usable
+    tuner = Autotuner(Limits(usable, most), threads=threads)
+    logger.info("num_workers='auto': %s", tuner.first().why)
+    return tuner

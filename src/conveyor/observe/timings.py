@@ -43,6 +43,17 @@ class StageClock:
         self._epoch_started = now
         self.worker_busy = [0.0] * len(self.worker_busy)
 
+    def add_worker(self) -> None:
+        self.worker_busy.append(0.0)
+        self.worker_busy_total.append(0.0)
+
+    def mark(self, now: float) -> tuple[_Totals, float]:
+        """The totals now, for :meth:`since` (a window of batches: autotune)."""
+        return dataclasses.replace(self._totals), now
+
+    def since(self, mark: tuple[_Totals, float], now: float) -> StageTimes:
+        return _times(self._totals, mark[0], now - mark[1])
+
     def worked(
         self,
         worker_id: int,

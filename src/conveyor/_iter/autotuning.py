@@ -1,0 +1,103 @@
+"""The loop's hands for ``num_workers="auto"``: measure a window, ask, act.
+
+The policy is :class:`~conveyor.observe.autotune.Autotuner` (pure). This applies its
+decisions: a worker added starts with the next id and the same base seed as the
+others (each worker's seed is the base plus its id, as torch's); a worker retired gets
+no task again, answers those it has, and is stopped once they are all handed out.
+Batches and their order never depend on how many workers there are (the task book
+orders them), and with ``reseed`` neither do augmentations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .._workers.api import Pool
+from .._workers.core import WorkerSpec
+from ..diagnostics.environment import available_memory
+from ..observe.autotune import Autotuner
+from ..observe.progress import logger
+from .book import TaskBook
+from .crashes import CrashJudge
+from .tally import Tally
+
+
+class WorkerCount:
+    def __init__(
+        self,
+        tuner: Autotuner,
+        book: TaskBook,
+        pool: Pool,
+        tally: Tally,
+        judge: CrashJudge,
+        specs: list[WorkerSpec],
+    ) -> None:
+        self._tuner, self._book, self._pool, self._tally = tuner, book, pool, tally
+        self._judge, self._specs = judge, specs
+        self._window = tally.clock.mark(time.monotonic())
+        self._active_from = self._active()
+        self._leaving: set[int] = set()  # retired, still answering their tasks
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        notes = [f"{count} workers: {why}" for count, why in self._tuner.history]
+        if self._tuner.held_back is not None:
+            notes.append(self._tuner.held_back)
+        return tuple(notes)
+
+    def after_batch(self) -> None:
+        """A batch was handed out: stop drained workers, and decide at a window's end."""
+        for worker_id in [w for w in self._leaving if self._book.drained(w)]:
+            self._leaving.discard(worker_id)
+            resize = self._pool.abilities.resize
+            if resize is not None:
+                resize.retire(worker_id)
+        now = time.monotonic()
+        window = self._tally.clock.since(self._window, now)
+        if not self._tuner.window_done(window):
+            return
+        self._window = self._tally.clock.mark(now)
+        active, before = self._active(), self._active_from
+        self._active_from = active
+        usage = self._pool.abilities.usage
+        memory = max(
+            (m for i in range(self._book.num_workers) if usage and (m := usage.memory_bytes(i))),
+            default=None,
+        )
+        since = active - before if active is not None and before is not None else None
+        decision = self._tuner.decide(
+            window, self._book.serving, memory, available_memory()[0], since
+        )
+        for _ in range(decision.change):
+            self._add(now)
+        if decision.change < 0:
+            self._retire()
+        if decision.change:
+            logger.info("num_workers='auto': %s", decision.why)
+
+    def _active(self) -> float | None:
+        """The workers' seconds running or runnable so far (None: their kind can't say)."""
+        usage = self._pool.abilities.usage
+        if usage is None:
+            return None
+        serving = [i for i, record in enumerate(self._book.workers) if not record.retired]
+        seconds = [usage.active_s(i) for i in serving]
+        return None if any(s is None for s in seconds) else sum(s or 0.0 for s in seconds)
+
+    def _add(self, now: float) -> None:
+        resize = self._pool.abilities.resize
+        if resize is None:
+            return
+        worker_id = self._book.add_worker()
+        spec = dataclasses.replace(self._specs[0], worker_id=worker_id, num_workers=worker_id + 1)
+        self._specs.append(spec)
+        resize.add(spec)
+        self._judge.add_worker()
+        self._tally.add_worker(now, self._pool.abilities.usage)
+
+    def _retire(self) -> None:
+        serving = [i for i, r in enumerate(self._book.workers) if not r.retired]
+        worker_id = serving[-1]  # the last added goes first
+        self._book.retire_worker(worker_id)
+        self._leaving.add(worker_id)
