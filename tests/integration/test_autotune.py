@@ -100,3 +100,19 @@ def test_auto_never_goes_past_the_memory_budget(record_property: Any) -> None:
     assert report["seen"] == report["expected"]
     # It wanted more (the loop kept waiting on busy workers) and memory said no.
     assert any("would not fit the memory left" in note for note in report["notes"]), report
+
+
+def test_auto_retires_workers_the_loop_does_not_wait_for() -> None:
+    """A slow training step: workers idle most of the time, one goes each window."""
+    with no_leaks():
+        loader = DataLoader(
+            np.arange(640.0), batch_size=8, num_workers="auto", worker_method="thread"
+        )
+        seen = []
+        for batch in loader:
+            seen += batch.tolist()
+            threading.Event().wait(0.03)  # the training step
+        stats = loader.statistics()
+        del loader
+    assert seen == list(range(640))
+    assert stats is not None and any("retired a worker" in note for note in stats.notes)
