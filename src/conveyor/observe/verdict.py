@@ -68,7 +68,7 @@ def diagnose(stats: LoaderStatistics, cpus: int, *, stages: StageTimes | None = 
             "there. Make batches cheaper to hand over (fewer, larger arrays rather than "
             "many small objects), or pin in the training step if pin_memory=True costs it.",
         )
-    figures = f"{loop}; {workers} workers busy {busy:.0%} of it"
+    figures = f"{loop}; {workers} worker{'s' if workers > 1 else ''} busy {busy:.0%} of it"
     worker_s = times.fetch_s + times.collate_s + times.send_s
     if worker_s > 0 and times.collate_s > 0.5 * worker_s:
         return Verdict(
