@@ -480,7 +480,10 @@ class PayloadHandle:
 
     @property
     def nbytes(self) -> int:
+        """About what crossed: the slot up to its last buffer's end, and the pickle (read
+        once per batch: no sum over the buffers)."""
         payload = self.payload
         if type(payload) is SlotPayload:
-            return sum(n for _, n in payload.layout) + len(payload.meta)
+            layout = payload.layout
+            return (layout[-1][0] + layout[-1][1] if layout else 0) + len(payload.meta)
         return len(payload.data)  # type: ignore[union-attr]

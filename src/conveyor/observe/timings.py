@@ -79,7 +79,8 @@ class StageClock:
         t.batches += 1
         t.samples += samples
         t.decode_s += decode_s
-        t.pin_s += pin_s
+        if pin_s:
+            t.pin_s += pin_s
 
     def waited(self, seconds: float) -> None:
         """The training loop waited this long inside ``next()``."""
