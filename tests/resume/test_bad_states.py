@@ -145,3 +145,22 @@ def test_a_state_torchdata_wrote_resumes_where_it_would(
     loader.load_state_dict(_torchdata_state(step, since, batch_size=2))
     indices = [batch[0].tolist() for batch in loader]
     assert indices == [[i, i + 1] for i in range(2 * (step + since), 12, 2)]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("ended", [False, True])
+def test_a_missing_iterator_finished_is_named(workers: int, ended: bool) -> None:
+    # Read as False, the key's absence silently made a state taken after the epoch
+    # ended resume into an empty epoch.
+    loader = DataLoader(Draws(12), batch_size=2, num_workers=workers)
+    if ended:
+        assert len(list(loader)) == 6
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert state["_iterator_finished"] is True
+    else:
+        state = _state(num_workers=workers)
+    del state["_iterator_finished"]
+    again = DataLoader(Draws(12), batch_size=2, num_workers=workers)
+    with pytest.raises(StateError, match=r"state\['_iterator_finished'\] is missing") as info:
+        again.load_state_dict(state)
+    assert "empty epoch" in str(info.value)

@@ -294,7 +294,13 @@ def _point(
     workers: tuple[WorkerState, ...],
     last_worker: int,
 ) -> ResumePoint:
-    finished = state.get(FINISHED, False)
+    if FINISHED not in state:
+        raise StateError(
+            f"state['{FINISHED}'] is missing from the state (was it made by state_dict()?). "
+            "It says whether the epoch had ended when the state was taken; guessed wrong, "
+            "the resumed loader would yield an empty epoch or repeat one."
+        )
+    finished = state[FINISHED]
     if not isinstance(finished, bool):
         raise StateError(f"state['{FINISHED}'] should be True or False, got {finished!r}")
     own = own or {}
