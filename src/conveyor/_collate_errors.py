@@ -13,7 +13,14 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
-from conveyor.errors import CollateError, CollateKeyError, CollateShapeError, CollateTypeError
+from conveyor.errors import (
+    CollateError,
+    CollateKeyError,
+    CollateShapeError,
+    CollateTypeError,
+    CollateTypeRuntimeError,
+    CollateTypeValueError,
+)
 
 BATCH_INDICES: contextvars.ContextVar[tuple[Any, ...] | None] = contextvars.ContextVar(
     "conveyor_collate_batch_indices", default=None
@@ -26,14 +33,6 @@ _TORCH_FORMAT = (
     "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; found {}"
 )
 _CUSTOM_COLLATE = "pass a collate_fn to the DataLoader that"
-
-
-class CollateTypeRuntimeError(CollateTypeError, RuntimeError):
-    """A collate type error where torch raises ``RuntimeError``."""
-
-
-class CollateTypeValueError(CollateTypeError, ValueError):
-    """A collate type error where torch raises ``ValueError``."""
 
 
 class Attr(str):

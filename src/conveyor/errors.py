@@ -15,6 +15,9 @@ for ``torch.utils.data.DataLoader`` keep working::
     │   ├── CollateKeyError (KeyError)        a sample lacks a key the first sample has
     │   ├── CollateShapeError (RuntimeError)  arrays / tensors of different shapes
     │   └── CollateTypeError (TypeError)      an element type collate cannot batch
+    │       ├── CollateTypeRuntimeError (RuntimeError)  where torch raises RuntimeError
+    │       │                                 (a None among arrays, sparse tensors)
+    │       └── CollateTypeValueError (ValueError)  where torch raises ValueError
     ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
         ├── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
@@ -53,6 +56,8 @@ __all__ = [
     "CollateKeyError",
     "CollateShapeError",
     "CollateTypeError",
+    "CollateTypeRuntimeError",
+    "CollateTypeValueError",
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
@@ -211,6 +216,15 @@ class CollateShapeError(CollateError, RuntimeError):
 
 class CollateTypeError(CollateError, TypeError):
     """A sample holds a type that collate does not know how to batch."""
+
+
+class CollateTypeRuntimeError(CollateTypeError, RuntimeError):
+    """A collate type error where torch raises ``RuntimeError`` (a value torch cannot make
+    a tensor of, such as a None among arrays; sparse or nested tensors)."""
+
+
+class CollateTypeValueError(CollateTypeError, ValueError):
+    """A collate type error where torch raises ``ValueError``."""
 
 
 class ConfigError(ConveyorError, ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -72,3 +73,51 @@ def test_a_torch_dataloader_to_isinstance_checks_and_to_frameworks_reading_attri
     assert loader._config.policy.on_error == "raise"
     with pytest.raises(ValueError, match="on_error must be one of"):
         loader.on_error = "ignore"
+
+
+def _conveyor_exception_classes() -> set[type]:
+    """Every exception and warning class conveyor defines, in any of its modules."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(conveyor.__path__, "conveyor."):
+        importlib.import_module(module.name)  # defines its classes: __subclasses__ sees them
+    found: set[type] = set()
+    todo: list[type] = [conveyor.ConveyorError, conveyor.ConveyorWarning]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("conveyor") and not cls.__name__.startswith("_"):
+            found.add(cls)
+        todo += cls.__subclasses__()
+    return found
+
+
+def test_every_exception_a_user_can_catch_is_in_conveyor_errors_and_its_tree():
+    from conveyor import errors
+
+    classes = _conveyor_exception_classes()
+    assert len(classes) > 20
+    tree = errors.__doc__ or ""
+    for cls in classes:
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        assert cls.__module__ == "conveyor.errors", f"{where} must live in conveyor.errors"
+        assert cls.__name__ in errors.__all__, f"{where} is not in conveyor.errors.__all__"
+        assert re.search(rf"(── |^ +){cls.__name__}\b", tree, re.M), f"{where}: not in the tree"
+
+
+@pytest.mark.parametrize(
+    ("name", "torch_type"),
+    [
+        ("CollateKeyError", KeyError),
+        ("CollateShapeError", RuntimeError),
+        ("CollateTypeError", TypeError),
+        ("CollateTypeRuntimeError", RuntimeError),
+        ("CollateTypeValueError", ValueError),
+    ],
+)
+def test_collate_errors_keep_the_type_torch_raises(name: str, torch_type: type) -> None:
+    from conveyor import errors
+
+    cls = getattr(errors, name)
+    assert issubclass(cls, errors.CollateError)
+    assert issubclass(cls, torch_type)
