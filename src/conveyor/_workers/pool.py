@@ -69,22 +69,33 @@ class WorkerPool:
         self._writing: set[int] = set()  # task pipes registered for writability
         try:
             for spec in specs:
-                self._workers.append(self._start(spec))
+                self._start(spec)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, spec: WorkerSpec) -> Worker:
-        if self._method.pickles_objects and self._setup is None and not self._each_start:
-            self._setup = serialize_once(self._user, self._method)
-            self._each_start = self._setup is None
-        self._loading.add(spec.worker_id)
-        worker = start_worker(
-            self._context, self._method, spec, self._user, self._setup, self._preload
-        )
-        self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
-        self._selector.register(worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker))
-        return worker
+    def _start(self, spec: WorkerSpec) -> None:
+        """Start the worker ``spec`` describes and put it in its place in the pool.
+
+        A Ctrl-C meanwhile is held back until it is there: cut anywhere between the
+        first pipe made and that, it would leave descriptors (and a process) that
+        teardown cannot find."""
+        with interrupts_deferred():
+            if self._method.pickles_objects and self._setup is None and not self._each_start:
+                self._setup = serialize_once(self._user, self._method)
+                self._each_start = self._setup is None
+            self._loading.add(spec.worker_id)
+            worker = start_worker(
+                self._context, self._method, spec, self._user, self._setup, self._preload
+            )
+            if spec.worker_id < len(self._workers):
+                self._workers[spec.worker_id] = worker  # a replacement
+            else:
+                self._workers.append(worker)
+            self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
+            self._selector.register(
+                worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker)
+            )
 
     def _unwatch(self, worker: Worker) -> None:
         """Stop watching a worker's pipes and sentinel (before they are closed)."""
@@ -295,7 +306,7 @@ class WorkerPool:
         self._unwatch(old)
         release(old)
         self._retired.append(old)
-        self._workers[worker_id] = self._start(self._specs[worker_id])
+        self._start(self._specs[worker_id])
 
     def kill(self, worker_id: int) -> None:
         """Kill a stuck worker; its sentinel then reports it like any death."""

@@ -1,11 +1,12 @@
 """Ctrl-C while a loader's workers start; the program catches KeyboardInterrupt, keeps
 it (as a notebook keeps the last exception, traceback and all) and carries on.
 
-Usage: ``python interrupted_startup.py START_METHOD WHEN``. ``WHEN`` is ``spawning``
-(a real SIGINT the moment the first worker process exists, before multiprocessing
-has sent it what it needs to run: its start is half done) or ``starting`` (a real
-SIGINT while ``iter()`` waits for workers that are in ``worker_init_fn``: sent by a
-thread once a worker said it is there). Prints one JSON line: how many
+Usage: ``python interrupted_startup.py START_METHOD WHEN``. ``WHEN`` is ``preparing``
+(a real SIGINT the moment the first worker's own pipes exist, before its process is
+started), ``spawning`` (the moment the first worker process exists, before
+multiprocessing has sent it what it needs to run: its start is half done) or
+``starting`` (while ``iter()`` waits for workers that are in ``worker_init_fn``: sent
+by a thread once a worker said it is there). Prints one JSON line: how many
 KeyboardInterrupts were caught, the processes started since that are still
 running, and every file descriptor (pipes included) opened since and still open.
 """
@@ -71,6 +72,20 @@ def interrupt_when_spawned() -> None:
     multiprocessing.util.spawnv_passfds = spawned
 
 
+def interrupt_when_preparing() -> None:
+    """Send SIGINT right after the first worker's stack pipe is made (once): the last of
+    the descriptors the main process makes for it before starting its process."""
+    original = os.pipe2
+
+    def made(flags: int) -> tuple[int, int]:
+        os.pipe2 = original
+        fds = original(flags)
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: raised at the next bytecode
+        return fds
+
+    os.pipe2 = made
+
+
 def interrupt_when_starting(fifo: str) -> None:
     """A thread: once a worker is in worker_init_fn, send SIGINT to this process."""
     os.mkfifo(fifo)
@@ -95,9 +110,11 @@ def main() -> None:
     gc.collect()
     before_fds = open_fds()
     before_procs = {p.pid for p in descendants()}
-    if when == "spawning":
+    init = None
+    if when == "preparing":
+        interrupt_when_preparing()
+    elif when == "spawning":
         interrupt_when_spawned()
-        init = None
     else:
         interrupt_when_starting(fifo)
         init = Gate(fifo)
