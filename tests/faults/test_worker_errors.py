@@ -26,6 +26,7 @@ import pytest
 from conveyor import DataLoader, IterableDataset, PreflightWarning, UnpicklableError, WorkerError
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
+from tests.helpers.interrupts import CHILD_ENV
 
 pytestmark = pytest.mark.timeout(90)
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -273,6 +274,50 @@ def test_exception_class_of_the_main_script_is_caught_by_its_name(start_method: 
     assert local["notes"][0] == "noted in __getitem__"
     assert local["notes"][1].endswith("during fetch of dataset indices [4, 5].")
     assert len(corrupt["notes"]) == len(local["notes"]) == 2
+
+
+@pytest.mark.parametrize("origin", ["script", "cell", "stdin"])
+def test_worker_traceback_shows_the_users_file_line_and_source(
+    start_method: str, origin: str
+) -> None:
+    # A class (the dataset) and a function (collate_fn) of __main__ fail in a worker:
+    # defined in a script, in a notebook cell (its source only in linecache), or read
+    # from standard input (no source anywhere). Spawn and forkserver workers get them
+    # by value (cloudpickle), which renamed their code "<dynamic-code>".
+    script = SCRIPTS / "worker_tracebacks.py"
+    text = script.read_text()
+    command = [sys.executable, str(script), start_method, origin]
+    if origin == "stdin":
+        command[1] = "-"
+    child = subprocess.run(
+        command,
+        input=text if origin == "stdin" else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=CHILD_ENV,
+    )
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    lines = text.splitlines()
+    # A cell holds the lines after the marker: its line 1 is the file's line `skip + 1`.
+    skip = lines.index("# --- user code ---") + 1 if origin == "cell" else 0
+    name = {"script": str(script), "cell": report["cell"], "stdin": "<stdin>"}[origin]
+    for key, function, source in [
+        ("dataset", "__getitem__", 'raise ValueError(f"scan {index} is corrupt")'),
+        ("collate", "stack_labels", 'raise LookupError(f"no label for {batch}")'),
+    ]:
+        note = report[key].splitlines()
+        line = next(n for n, content in enumerate(lines, 1) if content.strip() == source) - skip
+        frame = note.index(f'  File "{name}", line {line}, in {function}')
+        if origin == "stdin":
+            assert note[frame + 1].startswith(("ValueError", "LookupError")), note
+            assert note[-1] == (
+                '(No source lines for "<stdin>": that code was read from standard input '
+                "(python -), which no file keeps.)"
+            )
+        else:
+            assert note[frame + 1].strip() == source, note
 
 
 @pytest.mark.parametrize("start_method", CHEAP_METHODS)

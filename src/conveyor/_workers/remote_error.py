@@ -24,6 +24,7 @@ import cloudpickle
 
 from ..errors import WorkerError
 from .protocol import RemoteError
+from .sources import missing_sources
 
 
 def capture(exc: BaseException) -> RemoteError:
@@ -36,7 +37,8 @@ def capture(exc: BaseException) -> RemoteError:
         args=_try_dumps(exc.args),
         state=_try_dumps(_instance_state(exc)),
         message=_safe_str(exc),
-        traceback="".join(traceback.format_exception(cls, exc, exc.__traceback__)),
+        traceback="".join(traceback.format_exception(cls, exc, exc.__traceback__))
+        + missing_sources(exc),
     )
 
 

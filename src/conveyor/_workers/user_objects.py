@@ -2,7 +2,8 @@
 that do not share the main process's memory (spawn, forkserver).
 
 They are cloudpickled once into a memfd every worker maps, so lambdas, closures and
-classes defined in ``__main__`` or a notebook travel by value; objects that pickle only
+classes defined in ``__main__`` or a notebook travel by value (their code keeping its
+file name and, for a notebook cell, its source: see .sources); objects that pickle only
 while a process is being spawned (multiprocessing's locks and shared values) travel
 with each worker's start instead. A failure names the attribute that does not pickle.
 """
@@ -22,6 +23,7 @@ from .. import _datapipes
 from .._transport.arena import SETUP_NAME
 from ..config import StartMethod
 from .core import UserObjects
+from .sources import code_reducers
 
 __all__ = ["PickledWhileSpawning", "serialize_once"]
 
@@ -61,13 +63,16 @@ def _pickle_main_by_value() -> None:
 
 class _UserPickler(cloudpickle.CloudPickler):
     """cloudpickle, plus conveyor's reducers for objects that pickle their insides by
-    reference on their own (torch's DataPipe wrappers, see conveyor._datapipes)."""
+    reference on their own (torch's DataPipe wrappers, see conveyor._datapipes), and
+    for code, which keeps its file name and source (see .sources)."""
 
     base_table: Any = cloudpickle.CloudPickler.dispatch_table
 
     def __init__(self, file: io.BytesIO) -> None:
         # Before Pickler.__init__, which is where the C pickler reads the table.
-        self.dispatch_table = collections.ChainMap(_datapipes.reducers(), self.base_table)
+        self.dispatch_table = collections.ChainMap(
+            _datapipes.reducers(), code_reducers(self.base_table), self.base_table
+        )
         super().__init__(file)
 
 
