@@ -101,8 +101,23 @@ def type_name(t: type) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _error(cls: type[CollateError], lines: list[str], path: tuple[Any, ...], size: int) -> Any:
-    return cls("\n".join(lines), path=format_path(path), indices=_indices(size))
+def _error(
+    cls: type[CollateError],
+    lines: list[str],
+    path: tuple[Any, ...],
+    size: int,
+    culprits: Sequence[int] = (),
+) -> Any:
+    """``culprits``: the batch positions of the samples at fault, when only some are."""
+    known = _indices(size)
+    at_fault = tuple(known[p] for p in culprits) if known and len(culprits) < size else ()
+    return cls("\n".join(lines), path=format_path(path), indices=known, culprits=at_fault)
+
+
+def _not_most_common(values: Sequence[Any]) -> list[int]:
+    """The positions whose value differs from the one most samples have."""
+    common = _groups(values)[0][0]
+    return [i for i, v in enumerate(values) if v != common]
 
 
 def raise_with_note(exc: BaseException, path: tuple[Any, ...], size: int) -> NoReturn:
@@ -168,6 +183,7 @@ def raise_leaf(batch: Sequence[Any], path: tuple[Any, ...], exc: Exception) -> N
             ],
             path,
             len(batch),
+            [i for i, t in enumerate(types) if t is not types[0]],
         ) from exc
     shapes = [tuple(getattr(x, "shape", ())) for x in batch]
     if isinstance(exc, (RuntimeError, ValueError)) and len(set(shapes)) > 1:
@@ -191,6 +207,7 @@ def raise_shapes(
         ],
         path,
         len(batch),
+        _not_most_common(shapes),
     ) from exc
 
 
@@ -208,6 +225,7 @@ def raise_lengths(batch: Sequence[Any], path: tuple[Any, ...]) -> NoReturn:
         ],
         path,
         len(batch),
+        _not_most_common([len(s) for s in batch]),
     )
 
 
@@ -238,7 +256,7 @@ def raise_unsupported(batch: Sequence[Any], path: tuple[Any, ...], what: Any = N
     if len(same) < len(batch):
         lines.append(f"Types: {_describe_groups([type(x) for x in batch], type_name)}.")
     lines += [f"Why: {_TORCH_FORMAT.format(found)}.", f"Fix: {fix}"]
-    raise _error(CollateTypeError, lines, path, len(batch))
+    raise _error(CollateTypeError, lines, path, len(batch), same)
 
 
 def raise_tensor_layout(batch: Sequence[Any], path: tuple[Any, ...], kind: str) -> NoReturn:
@@ -281,6 +299,7 @@ def raise_gather(batch: Sequence[Any], path: tuple[Any, ...], key: Any, exc: Exc
         ],
         path,
         len(batch),
+        missing,
     ) from exc
 
 

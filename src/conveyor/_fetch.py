@@ -10,6 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .errors import Culprit
+
+_WHOLE_BATCH = Culprit(whole_batch=True)
+
+
+class FetchError(Exception):
+    """The dataset raised while fetching: its exception, and which sample it was
+    fetching (a :class:`Culprit`). Never reaches the user: the runner unwraps it."""
+
+    def __init__(self, error: Exception, culprit: Culprit) -> None:
+        super().__init__(error, culprit)
+        self.error = error
+        self.culprit = culprit
+
 
 def batch_indices(index: Any, auto_collation: bool) -> list[Any]:
     """A sampler's output as a list of dataset indices.
@@ -33,11 +47,25 @@ class MapFetcher:
         self._getitems = getattr(dataset, "__getitems__", None) or None
 
     def fetch(self, index: Any) -> Any:
+        """The samples of ``index``; a :class:`FetchError` if the dataset raises."""
         if not self.auto_collation:
-            return self.dataset[index]
+            try:
+                return self.dataset[index]
+            except Exception as exc:
+                raise FetchError(exc, Culprit((index,))) from None
         if self._getitems is not None:
-            return self._getitems(index)
-        return [self.dataset[i] for i in index]
+            try:
+                return self._getitems(index)
+            except Exception as exc:
+                raise FetchError(exc, _WHOLE_BATCH) from None
+        dataset = self.dataset
+        samples = []
+        for i in index:  # one by one, so that a failure names its sample
+            try:
+                samples.append(dataset[i])
+            except Exception as exc:
+                raise FetchError(exc, Culprit((i,))) from None
+        return samples
 
     def fetch_each(
         self,
@@ -50,7 +78,8 @@ class MapFetcher:
         """Fetch sample by sample: slower, but says which one failed.
 
         Returns the samples, their dataset indices, and (with ``tolerate``)
-        the ``(index, exception)`` of each sample that raised.
+        the ``(index, exception)`` of each sample that raised; without, the first
+        one raises a :class:`FetchError`.
         """
         samples: list[Any] = []
         kept: list[Any] = []
@@ -64,7 +93,7 @@ class MapFetcher:
                 sample = self._getitems([i])[0] if self._getitems else self.dataset[i]
             except Exception as exc:
                 if not tolerate:
-                    raise
+                    raise FetchError(exc, Culprit((i,))) from None
                 failed.append((i, exc))
                 continue
             samples.append(sample)
@@ -76,7 +105,9 @@ class IterableFetcher:
     """Pulls from one iterator of an iterable-style dataset.
 
     ``fetch`` raises StopIteration once the iterator can give no (complete,
-    under ``drop_last``) batch any more, and keeps raising it after that.
+    under ``drop_last``) batch any more, and keeps raising it after that; a
+    :class:`FetchError` naming the item's position in the stream if the iterator
+    raises.
     """
 
     def __init__(
@@ -94,11 +125,14 @@ class IterableFetcher:
         # loader's iter() already reflects it.
         self.iterator: Iterator[Any] = iter(())
         self.init_error: Exception | None = None
+        self.pulled = 0  # items the iterator gave since it started (or was resumed)
+        self.resumed = False
         self.restart()
 
     def restart(self) -> None:
         self.ended = False
         self.init_error = None
+        self.pulled, self.resumed = 0, False
         try:
             self.iterator = iter(self.dataset)
         except Exception as exc:  # raised by the first fetch, as torch's worker does
@@ -111,19 +145,23 @@ class IterableFetcher:
             raise error
         if self.ended:
             raise StopIteration
+        wanted = len(index) if self.auto_collation else 1
+        data: list[Any] = []
+        iterator = self.iterator
+        try:
+            for _ in range(wanted):
+                data.append(next(iterator))
+        except StopIteration:
+            self.ended = True
+        except Exception as exc:
+            item = self.pulled + len(data)
+            raise FetchError(exc, Culprit(stream_item=item, resumed=self.resumed)) from None
+        finally:
+            self.pulled += len(data)
         if not self.auto_collation:
-            try:
-                return next(self.iterator)
-            except StopIteration:
-                self.ended = True
-                raise
-        data = []
-        for _ in index:
-            try:
-                data.append(next(self.iterator))
-            except StopIteration:
-                self.ended = True
-                break
-        if not data or (self.drop_last and len(data) < len(index)):
+            if not data:
+                raise StopIteration
+            return data[0]
+        if not data or (self.drop_last and len(data) < wanted):
             raise StopIteration
         return data

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 from ._collate_errors import collate_context
 from ._dataset_state import WorkerState
-from ._fetch import IterableFetcher, MapFetcher, batch_indices
+from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices
 from ._reseed import Reseed
 from ._workers.protocol import Stage
+from .errors import CollateError, Culprit
 from .stateful import is_stateful, load_into, save_of
 
 __all__ = [
@@ -81,6 +82,7 @@ class NothingLeft:
 class Failed:
     stage: Stage
     error: BaseException
+    culprit: Culprit | None = None  # the sample that raised, where known
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class TaskRunner:
             if resume is not None:
                 load_into(self.fetcher.iterator, resume.iter_state)
                 self.fetcher.ended = resume.ended
+                # Its items are counted from there (without a state, the epoch is replayed).
+                self.fetcher.resumed = resume.iter_state is not None
         else:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
         self.iterable = iterable
@@ -201,7 +205,12 @@ class TaskRunner:
         except StopIteration as exc:
             if self.iterable:
                 return Exhausted()
-            return Failed(Stage.FETCH, _stop_in_getitem(exc, indices))
+            return Failed(Stage.FETCH, _stop_in_getitem(exc, indices, None))
+        except FetchError as failed:
+            error, culprit = failed.error, failed.culprit
+            if isinstance(error, StopIteration) and not self.iterable:
+                error = _stop_in_getitem(error, indices, culprit)
+            return Failed(Stage.FETCH, error, culprit)
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
         collating_from = time.monotonic()
@@ -229,7 +238,9 @@ class TaskRunner:
         of its samples is left out with the error; otherwise the task fails."""
         if self.skip_errors and indices:
             return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
-        return Failed(stage, error)
+        # default_collate names the samples at fault when only some are (a missing key).
+        culprits = error.culprits if isinstance(error, CollateError) else ()
+        return Failed(stage, error, Culprit(culprits) if culprits else None)
 
 
 _NOT_FETCHED = object()
@@ -249,12 +260,17 @@ def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[
     return both
 
 
-def _stop_in_getitem(exc: StopIteration, indices: list[Any] | None) -> RuntimeError:
+def _stop_in_getitem(
+    exc: StopIteration, indices: list[Any] | None, culprit: Culprit | None
+) -> RuntimeError:
     """A map-style ``__getitem__`` raised StopIteration: raised as it is, it would end the
     epoch early without a word (torch's loop just stops), so it becomes an error, as
     Python does for a generator (PEP 479)."""
+    where = f"dataset indices {indices}"
+    if culprit is not None and len(culprit.indices) == 1 and indices != list(culprit.indices):
+        where = f"dataset index {culprit.indices[0]!r} (in the batch of {where})"
     error = RuntimeError(
-        f"The dataset raised StopIteration while fetching dataset indices {indices}. In a "
+        f"The dataset raised StopIteration while fetching {where}. In a "
         "map-style dataset that would silently end the epoch early, so conveyor raises it "
         "instead. Fix: raise IndexError (or another exception) for a bad index, or make "
         "the dataset an IterableDataset if it is a stream."

@@ -36,9 +36,11 @@ Warnings (the loader keeps going)::
     ├── PreflightWarning                      a hazard found before the workers started: the fix
     └── DuplicateDataWarning                  every rank, or every worker, would see the same data
 
-Exceptions raised by *user code* in a worker (``__getitem__``, ``collate_fn``,
-``worker_init_fn``...) are not wrapped: they are re-raised with their own type,
-carrying a :class:`WorkerContext` (see :func:`attach_worker_context`).
+Exceptions raised by *user code* (``__getitem__``, ``collate_fn``, ``worker_init_fn``...),
+in a worker or in the main process (``num_workers=0``), are not wrapped: they are raised
+with their own type, carrying a :class:`WorkerContext` that names the batch and, where
+conveyor can tell, the sample that raised (a :class:`Culprit`); see
+:func:`attach_worker_context`.
 
 Messages say what happened, where, why, and how to fix it, in that order.
 """
@@ -61,6 +63,7 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "ConveyorWarning",
+    "Culprit",
     "DuplicateDataWarning",
     "PrefetchFactorError",
     "PreflightWarning",
@@ -187,13 +190,23 @@ class CollateError(ConveyorError):
     """Samples could not be combined into a batch.
 
     ``path`` is the field inside the sample (``['image']`` or ``[1]``), empty
-    for the sample itself; ``indices`` are the dataset indices of the batch.
+    for the sample itself; ``indices`` are the dataset indices of the batch, and
+    ``culprits`` those of the samples at fault, when only some are (a missing key,
+    another shape or type than most samples have).
     """
 
-    def __init__(self, message: str, *, path: str = "", indices: tuple[Any, ...] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str = "",
+        indices: tuple[Any, ...] = (),
+        culprits: tuple[Any, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.path = path
         self.indices = indices
+        self.culprits = culprits
 
     def __str__(self) -> str:
         # KeyError.__str__ would repr() the message; show it as written.
@@ -202,7 +215,11 @@ class CollateError(ConveyorError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_with_kwargs,
-            (type(self), self.args, {"path": self.path, "indices": self.indices}),
+            (
+                type(self),
+                self.args,
+                {"path": self.path, "indices": self.indices, "culprits": self.culprits},
+            ),
         )
 
 
@@ -256,22 +273,80 @@ def _rebuild_with_kwargs(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any
 
 
 @dataclass(frozen=True)
-class WorkerContext:
-    """Where in the worker pool an exception raised by user code came from."""
+class Culprit:
+    """Which sample of its batch an error came from, as far as conveyor can tell."""
 
-    worker_id: int
-    pid: int
-    stage: str  # "worker_init" | "fetch" | "collate" | "transfer"
+    indices: tuple[Any, ...] = ()  # dataset indices of the samples at fault (map-style)
+    # Iterable-style: the failing item's position in the stream of the worker (or of the
+    # main process), from 0 at the epoch's start, or at the state it resumed from.
+    stream_item: int | None = None
+    resumed: bool = False
+    whole_batch: bool = False  # __getitems__ fetched the batch at once: no one sample
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Where an exception raised by user code came from: the worker (``worker_id`` and
+    ``pid`` are None for the main process, ``num_workers=0``), the stage, the batch
+    (``seq``: its position in the epoch) and its dataset ``indices``, and the sample
+    that raised (``culprit``) where conveyor can tell."""
+
+    worker_id: int | None
+    pid: int | None
+    stage: str  # "worker_init" | "fetch" | "collate" | "transfer" | "decode"
     indices: tuple[Any, ...] = ()
     traceback: str = ""
     epoch: int = 0
     seq: int = -1
+    culprit: Culprit | None = None
 
     def describe(self) -> str:
-        where = f"worker {self.worker_id} (pid {self.pid}) during {self.stage}"
-        if self.indices:
-            where += f" of dataset indices {_short_indices(self.indices)}"
-        return where
+        """``worker 1 (pid 42) during fetch of dataset index 77, in batch 4 (dataset
+        indices [64, 65, ...])``."""
+        if self.worker_id is None:
+            who = "(main process, num_workers=0)"
+        else:
+            who = f"worker {self.worker_id} (pid {self.pid})"
+        what = self._what()
+        return f"{who} during {self.stage}" + (f" of {what}" if what else "")
+
+    def _what(self) -> str:
+        culprit, batch = self.culprit, self._batch()
+        if culprit is None:
+            return batch
+        if culprit.whole_batch:
+            return (
+                f"{batch}, in the dataset's __getitems__, which fetches the batch at once: "
+                "which of its samples raised is not known"
+            )
+        if culprit.stream_item is not None:
+            stream = "the dataset's" if self.worker_id is None else f"worker {self.worker_id}'s"
+            since = "the state it resumed from" if culprit.resumed else "the epoch's start"
+            item = f"item {culprit.stream_item} of {stream} stream (counted from {since})"
+            return f"{item}, for batch {self.seq}" if self.seq >= 0 else item
+        if not culprit.indices:
+            return batch
+        if len(self.indices) == 1 and culprit.indices == self.indices:
+            # A batch of one sample (batch_size=None): the sample is the batch.
+            return f"dataset index {self.indices[0]!r}" + (
+                f" (batch {self.seq})" if self.seq >= 0 else ""
+            )
+        plural = len(culprit.indices) > 1
+        named = f"dataset {'indices' if plural else 'index'} " + ", ".join(
+            repr(i) for i in culprit.indices[:16]
+        )
+        if len(culprit.indices) > 16:
+            named += f", ... ({len(culprit.indices)} in all)"
+        if self.stage == "fetch" and not plural:
+            return f"{named}, in {batch}" if batch else named
+        return f"{batch}, caused by {named}" if batch else f"{named} (the cause)"
+
+    def _batch(self) -> str:
+        """``batch 4 (dataset indices [...])``, or as much of it as is known."""
+        indices = f"dataset indices {_short_indices(self.indices)}" if self.indices else ""
+        if self.seq < 0:
+            return indices
+        return f"batch {self.seq} ({indices})" if indices else f"batch {self.seq}"
 
 
 def _short_indices(indices: tuple[Any, ...], limit: int = 16) -> str:
@@ -281,12 +356,14 @@ def _short_indices(indices: tuple[Any, ...], limit: int = 16) -> str:
 
 
 def attach_worker_context(exc: BaseException, context: WorkerContext) -> BaseException:
-    """Annotate ``exc`` (re-raised in the main process) with where it happened.
+    """Annotate ``exc`` (raised by user code, raised again to the user) with where it
+    happened.
 
     The exception keeps its type and arguments, so ``str(exc)`` and ``except``
-    clauses behave exactly as if it had been raised in-process. The worker's
-    traceback and location are added as notes, which Python prints under the
-    traceback; ``exc.conveyor_context`` holds them for programs.
+    clauses behave exactly as if it had been raised in-process. Where it happened
+    (the worker, the batch, the sample) and the worker's traceback are added as a
+    note, which Python prints under the traceback; ``exc.conveyor_context`` holds
+    them for programs.
     """
     with contextlib.suppress(AttributeError):
         exc.conveyor_context = context  # type: ignore[attr-defined]

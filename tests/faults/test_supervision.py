@@ -36,6 +36,7 @@ from conveyor import (
     WorkerStatistics,
     WorkerTimeoutError,
 )
+from conveyor.errors import Culprit
 from tests.helpers.sync import Mailbox, post, wait_exit
 
 pytestmark = pytest.mark.timeout(60)
@@ -213,7 +214,9 @@ def test_error_budget_raises_the_original_type_past_it(
     assert f"max_errors={max_errors!r} allows ({allowed} samples)" in notes
     assert "loader.skipped_samples" in notes
     context = info.value.conveyor_context  # type: ignore[attr-defined]
-    assert (context.stage, context.indices) == ("fetch", (last,))
+    batch = (last - last % 2, last - last % 2 + 1)  # batches of two
+    assert (context.stage, context.indices, context.culprit) == ("fetch", batch, Culprit((last,)))
+    assert f"during fetch of dataset index {last}, in batch {last // 2} " in notes
     assert sorted(s.index for s in loader.skipped_samples) == sorted(bad)
 
 

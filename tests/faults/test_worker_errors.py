@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader, IterableDataset, PreflightWarning, UnpicklableError, WorkerError
+from conveyor.errors import Culprit
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
 from tests.helpers.interrupts import CHILD_ENV
@@ -206,7 +207,11 @@ def test_getitem_error_keeps_its_type_and_says_where(
     ctx = exc.conveyor_context
     assert (ctx.worker_id, ctx.pid, ctx.stage, ctx.indices) == (worker, pid, "fetch", (6, 7))
     note = _note(exc)
-    assert f"worker {worker} (pid {pid}) during fetch of dataset indices [6, 7]" in note
+    assert note.startswith(
+        f"Raised in DataLoader worker {worker} (pid {pid}) during fetch of dataset index 7, "
+        "in batch 3 (dataset indices [6, 7]).\n"
+    )
+    assert ctx.culprit == Culprit((7,))
     assert "in __getitem__" in note
     assert "_raise(self.kind, index)" in note
     assert "in __getitem__" in ctx.traceback
@@ -267,12 +272,16 @@ def test_exception_class_of_the_main_script_is_caught_by_its_name(start_method: 
     )
     assert corrupt["message"] == "sample 3 is corrupt"
     assert corrupt["notes"][0] == "noted in __getitem__"
-    assert corrupt["notes"][1].endswith("during fetch of dataset indices [2, 3].")
+    assert corrupt["notes"][1].endswith(
+        "during fetch of dataset index 3, in batch 1 (dataset indices [2, 3])."
+    )
     # A class importable nowhere still comes back as a copy: same name, message, notes.
     assert local["type"].rsplit(".", 1)[-1] == "LocalError"
     assert (local["caught_by_except"], local["message"]) == (False, "local 5")
     assert local["notes"][0] == "noted in __getitem__"
-    assert local["notes"][1].endswith("during fetch of dataset indices [4, 5].")
+    assert local["notes"][1].endswith(
+        "during fetch of dataset index 5, in batch 2 (dataset indices [4, 5])."
+    )
     assert len(corrupt["notes"]) == len(local["notes"]) == 2
 
 
@@ -354,7 +363,7 @@ def test_collate_fn_error_keeps_its_type(start_method: str) -> None:
     ctx = info.value.conveyor_context
     assert (ctx.worker_id, ctx.stage, ctx.indices) == (0, "collate", (2, 3))
     note = _note(info.value)
-    assert "during collate of dataset indices [2, 3]" in note
+    assert "during collate of batch 1 (dataset indices [2, 3])." in note  # no culprit known
     assert "in collate_fails_on_3" in note
 
 

@@ -92,7 +92,11 @@ EXAMPLES: dict[str, Example] = {
     ),
     "sqlite-getstate": Example(
         raises="AttributeError",
-        key_phrases=("'NoneType' object has no attribute 'execute'", "Raised in DataLoader"),
+        key_phrases=(
+            "'NoneType' object has no attribute 'execute'",
+            "Raised in DataLoader",
+            'File "train.py", line 18, in __getitem__',
+        ),
         fixed=False,  # the fix is sqlite-fork's
     ),
     "collate-keys": Example(
@@ -134,6 +138,12 @@ EXAMPLES: dict[str, Example] = {
         warns=("WorkerStallWarning",),
         key_phrases=("dataset indices [2, 3]", "line 12 in __getitem__", "on_timeout='restart'"),
         fixed_warns=("WorkerStallWarning", "WorkerRestartedWarning"),
+    ),
+    "which-sample": Example(
+        raises="ValueError",
+        key_phrases=("during fetch of dataset index 77, in batch 1", 'File "train.py", line 13'),
+        torch_raises="ValueError",
+        torch_phrases=("Caught ValueError in DataLoader worker process 1",),
     ),
     "big-list": Example(
         raises=None,

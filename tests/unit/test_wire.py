@@ -26,6 +26,7 @@ from conveyor._workers.protocol import (
     WorkerMessage,
 )
 from conveyor._workers.remote_error import capture
+from conveyor.errors import Culprit
 
 SLOT = SlotInfo(3, 4096, 65536)
 MESSAGES = [
@@ -171,6 +172,7 @@ NON_DEFAULT: dict[str, object] = {
     "asked_worker_info": False,
     "stage": Stage.COLLATE,
     "error": _ERROR,
+    "culprit": Culprit((41,)),
 }
 
 

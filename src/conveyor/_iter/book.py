@@ -385,7 +385,11 @@ class TaskBook:
         if isinstance(entry.reply, IterationEnded) and record.active:
             record.active = False
             self._active -= 1
-        over_budget = self.skips.record_notes(entry.left_out, entry.seq) if entry.left_out else None
+        over_budget = (
+            self.skips.record_notes(entry.left_out, entry.seq, entry.indices)
+            if entry.left_out
+            else None
+        )
         if over_budget is not None:
             self._fatal = (entry.seq, over_budget)
             return GiveUp(over_budget)

@@ -1,8 +1,9 @@
 """The exceptions raised for what failed in a worker, built from the facts.
 
 The user's own exception keeps its type (``except KeyError`` still works): it is
-rebuilt here and carries its context — worker, pid, stage, dataset indices, the
-worker's traceback — as a note (see ``errors.attach_worker_context``). Where
+rebuilt here and carries its context — worker, pid, stage, the batch and its dataset
+indices, the sample that raised where the worker could tell, the worker's traceback —
+as a note (see ``errors.attach_worker_context``). Where
 there is no exception of the user's, conveyor's says what happened.
 """
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._workers.protocol import Stage, StartupFailed, TaskFailed
 from .._workers.remote_error import rebuild
 from ..errors import (
+    Culprit,
     WorkerContext,
     WorkerCrashedError,
     WorkerStartupError,
@@ -45,6 +47,7 @@ def task_failed(
         traceback=reply.error.traceback,
         epoch=reply.epoch,
         seq=reply.seq,
+        culprit=reply.culprit,
     )
     return attach_worker_context(rebuild(reply.error), context)
 
@@ -90,9 +93,11 @@ def startup_failed(worker_id: int, failed: StartupFailed, pid: int | None) -> Ba
     return attach_worker_context(exc, context)
 
 
-def over_budget(note: LeftOutNote, budget_note: str, epoch: int, seq: int) -> BaseException:
-    """The left-out sample that spent the skip budget: its own exception, or the crash
-    it caused."""
+def over_budget(
+    note: LeftOutNote, budget_note: str, epoch: int, seq: int, indices: tuple[Any, ...]
+) -> BaseException:
+    """The left-out sample that spent the skip budget (of the batch at ``seq``, with
+    dataset ``indices``): its own exception, or the crash it caused."""
     if note.remote is None:
         return WorkerCrashedError(
             messages.crash_over_budget(note.index, note.message, budget_note),
@@ -103,9 +108,10 @@ def over_budget(note: LeftOutNote, budget_note: str, epoch: int, seq: int) -> Ba
         worker_id=note.worker_id,
         pid=-1,
         stage=note.stage,
-        indices=(note.index,),
+        indices=indices,
         traceback=note.remote.traceback,
         epoch=epoch,
         seq=seq,
+        culprit=Culprit((note.index,)),
     )
     return add_note(attach_worker_context(rebuild(note.remote), context), budget_note)

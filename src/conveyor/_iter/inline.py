@@ -7,10 +7,11 @@ from typing import Any
 
 from .._datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
 from .._datapipes import shard as shard_pipe
+from .._fetch import batch_indices
 from .._reseed import Reseed, kept_global_rngs
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from ..config import LoaderConfig, LoaderHistory
-from ..errors import add_note
+from ..errors import Culprit, WorkerContext, add_note, attach_worker_context
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from .batches import batch_size_of
@@ -137,13 +138,14 @@ class InlineIterator:
             outcome = self._run(index)
             match outcome:
                 case Collated(batch=batch, left_out=left_out):
-                    self._skip(left_out)
+                    self._skip(left_out, seq, index)
                     return batch
                 case NothingLeft(left_out=left_out):
-                    self._skip(left_out)
+                    self._skip(left_out, seq, index)
                     self.progress.handed_out(self._cursor.drawn - 1, -1, None, empty=True)
-                case Failed(error=error):
-                    raise error
+                case Failed(stage=stage, error=error, culprit=culprit):
+                    # The user's own exception, with the note a worker's would have.
+                    raise self._noted(error, stage.value, seq, index, culprit)
                 case Exhausted():
                     raise StopIteration
 
@@ -161,9 +163,27 @@ class InlineIterator:
         with kept_global_rngs():
             return self._runner.run(index, reseed=reseed)
 
-    def _skip(self, left_out: tuple[LeftOut, ...]) -> None:
+    def _skip(self, left_out: tuple[LeftOut, ...], seq: int, index: Any) -> None:
         for item in left_out:
             error = item.error
             self._skips.record(item.index, None, item.stage.value, type_path(error), str(error))
             if self._skips.over_budget():
-                raise add_note(error, self._skips.budget_note())
+                noted = self._noted(error, item.stage.value, seq, index, Culprit((item.index,)))
+                raise add_note(noted, self._skips.budget_note())
+
+    def _noted(
+        self, error: BaseException, stage: str, seq: int, index: Any, culprit: Culprit | None
+    ) -> BaseException:
+        """``error`` with a note saying where it happened: the batch, the sample."""
+        config = self._config
+        indices = () if config.iterable else tuple(batch_indices(index, config.auto_collation))
+        context = WorkerContext(
+            worker_id=None,
+            pid=None,
+            stage=stage,
+            indices=indices,
+            epoch=self._epoch,
+            seq=seq,
+            culprit=culprit,
+        )
+        return attach_worker_context(error, context)

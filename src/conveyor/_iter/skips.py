@@ -72,13 +72,16 @@ class SkipLedger:
             SkippedSample(index, self.epoch, worker_id, stage, exception_type, message)
         )
 
-    def record_notes(self, notes: list[LeftOutNote], seq: int) -> BaseException | None:
-        """Record the samples left out of the batch at ``seq``, as it is handed out; the
-        error to raise if that spends the budget (the sample's own, or a crash's)."""
+    def record_notes(
+        self, notes: list[LeftOutNote], seq: int, indices: tuple[Any, ...]
+    ) -> BaseException | None:
+        """Record the samples left out of the batch at ``seq`` (dataset ``indices``), as
+        it is handed out; the error to raise if that spends the budget (the sample's own,
+        or a crash's)."""
         for note in notes:
             self.record(note.index, note.worker_id, note.stage, note.exception_type, note.message)
             if self.over_budget():
-                return failures.over_budget(note, self.budget_note(), self.epoch, seq)
+                return failures.over_budget(note, self.budget_note(), self.epoch, seq, indices)
         return None
 
     @property

@@ -345,8 +345,8 @@ class WorkerCore:
                     fetch_s=runner.fetch_s,
                     collate_s=runner.collate_s,
                 )
-            case Failed(stage=stage, error=error):
-                return TaskFailed(task.epoch, task.seq, stage, capture(error))
+            case Failed(stage=stage, error=error, culprit=culprit):
+                return TaskFailed(task.epoch, task.seq, stage, capture(error), culprit=culprit)
             case Exhausted():
                 return IterationEnded(task.epoch, task.seq)
             case Collated():

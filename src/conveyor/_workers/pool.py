@@ -93,9 +93,7 @@ class WorkerPool:
             else:
                 self._workers.append(worker)
             self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
-            self._selector.register(
-                worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker)
-            )
+            self._selector.register(worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker))
 
     def _unwatch(self, worker: Worker) -> None:
         """Stop watching a worker's pipes and sentinel (before they are closed)."""

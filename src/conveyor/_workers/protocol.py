@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ..errors import Culprit
+
 
 class Stage(str, Enum):
     """What a worker was doing when something went wrong."""
@@ -160,6 +162,7 @@ class TaskFailed:
     error: RemoteError
     state: bytes | None = None
     epoch_state: bytes | None = None
+    culprit: Culprit | None = None  # which sample raised, where the worker can tell
 
 
 @dataclass(frozen=True)
