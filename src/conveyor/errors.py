@@ -34,7 +34,9 @@ Warnings (the loader keeps going)::
     ├── WorkerStallWarning                    a task runs far longer than usual: its stack
     ├── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
     ├── PreflightWarning                      a hazard found before the workers started: the fix
-    └── DuplicateDataWarning                  every rank, or every worker, would see the same data
+    ├── DuplicateDataWarning                  every rank, or every worker, would see the same data
+    └── LoaderReplacedWarning                 accelerate's prepare() puts torch's loader in
+                                              place of conveyor's: the one-line fix
 
 Exceptions raised by *user code* (``__getitem__``, ``collate_fn``, ``worker_init_fn``...),
 in a worker or in the main process (``num_workers=0``), are not wrapped: they are raised
@@ -65,6 +67,7 @@ __all__ = [
     "ConveyorWarning",
     "Culprit",
     "DuplicateDataWarning",
+    "LoaderReplacedWarning",
     "PrefetchFactorError",
     "PreflightWarning",
     "SharedMemoryExhaustedError",
@@ -112,6 +115,12 @@ class DuplicateDataWarning(ConveyorWarning):
     """Data would be seen several times over without an error: ``torch.distributed``
     runs several ranks but the sampler does not shard, or an iterable dataset's
     workers all produce the same stream (torch says nothing in either case)."""
+
+
+class LoaderReplacedWarning(ConveyorWarning):
+    """A framework is replacing the conveyor loader with a torch ``DataLoader`` built from
+    its attributes (accelerate's ``Accelerator.prepare``): torch's workers will load the
+    data, and conveyor's options are gone. The message names the one-line fix."""
 
 
 class ConveyorError(Exception):

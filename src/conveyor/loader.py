@@ -26,6 +26,7 @@ from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
+from ._replaced import AcceleratePrepared
 from .config import LoaderConfig, LoaderHistory, Options, StartMethod
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
@@ -82,6 +83,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     conveyor_options = tuple(f.name for f in dataclasses.fields(Options))
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
+    # Read by accelerate's prepare(), which would replace this loader with torch's:
+    # it warns, naming the fix (see conveyor._replaced).
+    _is_accelerate_prepared = AcceleratePrepared()
 
     def __init__(
         self,

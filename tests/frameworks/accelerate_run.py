@@ -1,22 +1,33 @@
 """Run by test_accelerate.py, alone or under torchrun: ``accelerate_run.py OUT``.
 
-For accelerate's preparation of torch's loader and conveyor's (through
-conveyor.integrations.accelerate.prepare), writes per process: the sample ids each
+Prepares one loader four ways and writes, per process and per way: the sample ids each
 step saw, whether accelerate synchronised the gradients at each step (gradient
-accumulation of 4 over an epoch of 10 batches), and which loader did the loading.
+accumulation of 4 over an epoch of 10 batches), which loader did the loading, and the
+warnings preparing gave:
+
+- ``torch``: torch's loader, through accelerate's ``prepare`` (the reference);
+- ``function``: a conveyor loader through ``conveyor.integrations.accelerate.prepare``;
+- ``subclass``: a conveyor loader through ``accelerator.prepare(model, optimizer, loader)``,
+  the accelerator being conveyor's ``Accelerator``;
+- ``torch_skipped``, ``subclass_skipped``: the third epoch of those two loaders, through
+  ``accelerator.skip_first_batches(loader, 3)``;
+- ``plain``: a conveyor loader through accelerate's own ``Accelerator.prepare``, which
+  replaces it with torch's loader (conveyor warns).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import warnings
+from typing import Any
 
+import accelerate
 import torch
-from accelerate import Accelerator
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from conveyor import DataLoader as ConveyorDataLoader
-from conveyor.integrations.accelerate import prepare
+from conveyor.integrations.accelerate import Accelerator, prepare
 
 
 class Toy(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -27,7 +38,7 @@ class Toy(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return torch.tensor([float(i)])
 
 
-def epoch(accelerator: Accelerator, loader: object, model: torch.nn.Module) -> dict[str, list]:
+def epoch(accelerator: Any, loader: object, model: torch.nn.Module) -> dict[str, list]:
     seen, syncs = [], []
     for batch in loader:  # type: ignore[attr-defined]
         with accelerator.accumulate(model):
@@ -36,34 +47,66 @@ def epoch(accelerator: Accelerator, loader: object, model: torch.nn.Module) -> d
     return {"seen": seen, "syncs": syncs}
 
 
+def conveyor_loader(generator: torch.Generator) -> ConveyorDataLoader:
+    return ConveyorDataLoader(
+        Toy(),
+        batch_size=4,
+        shuffle=True,
+        generator=generator,
+        num_workers=1,
+        on_error="skip",
+        max_worker_restarts=5,
+    )
+
+
+def prepared(way: str, accelerator: Any, plain: Any, model: torch.nn.Module) -> Any:
+    generator = torch.Generator().manual_seed(1)
+    if way == "torch":
+        loader = TorchDataLoader(Toy(), batch_size=4, shuffle=True, generator=generator)
+        return accelerator.prepare(loader)
+    if way == "function":
+        return prepare(accelerator, conveyor_loader(generator))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if way == "subclass":
+        return accelerator.prepare(model, optimizer, conveyor_loader(generator))[2]
+    return plain.prepare(model, optimizer, conveyor_loader(generator))[2]
+
+
+def describe(loader: Any) -> dict[str, Any]:
+    return {
+        "loader": type(loader.base_dataloader).__module__,
+        "on_error": getattr(loader.base_dataloader, "on_error", None),
+    }
+
+
 if __name__ == "__main__":
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    plain = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=4)
     model = accelerator.prepare(torch.nn.Linear(1, 1))
-    report = {}
-    for name in ("torch", "conveyor"):
+    report: dict[str, Any] = {}
+    for way in ("torch", "function", "subclass", "plain"):
         torch.manual_seed(0)
-        generator = torch.Generator().manual_seed(1)
-        if name == "torch":
-            loader = accelerator.prepare(
-                TorchDataLoader(Toy(), batch_size=4, shuffle=True, generator=generator)
-            )
-        else:
-            loader = prepare(
-                accelerator,
-                ConveyorDataLoader(
-                    Toy(),
-                    batch_size=4,
-                    shuffle=True,
-                    generator=generator,
-                    num_workers=1,
-                    on_error="skip",
-                    max_worker_restarts=5,
-                ),
-            )
-        report[name] = {
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = prepared(way, accelerator, plain, torch.nn.Linear(1, 1))
+        report[way] = {
             "epochs": [epoch(accelerator, loader, model) for _ in range(2)],
-            "loader": type(loader.base_dataloader).__module__,
-            "on_error": getattr(loader.base_dataloader, "on_error", None),
+            **describe(loader),
+            "warnings": [
+                {
+                    "category": w.category.__name__,
+                    "message": str(w.message),
+                    "filename": w.filename,
+                }
+                for w in caught
+                if w.category.__module__.startswith("conveyor")
+            ],
         }
+        if way in ("torch", "subclass"):  # resuming an epoch: its first 3 batches skipped
+            skipped = accelerator.skip_first_batches(loader, 3)
+            report[f"{way}_skipped"] = {
+                "epochs": [epoch(accelerator, skipped, model)],
+                **describe(skipped),
+            }
     with open(f"{sys.argv[1]}.{accelerator.process_index}.json", "w") as f:
         json.dump(report, f)

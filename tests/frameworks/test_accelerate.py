@@ -1,6 +1,9 @@
-"""accelerate with conveyor loading (conveyor.integrations.accelerate.prepare): each
-process gets the batches accelerate gives it with torch's loader, and the gradient
-accumulation learns where each epoch ends."""
+"""accelerate with conveyor loading: each process gets the batches accelerate gives it with
+torch's loader, and the gradient accumulation learns where each epoch ends; through
+``conveyor.integrations.accelerate.prepare`` and through conveyor's ``Accelerator``, whose
+``prepare(model, optimizer, loader)`` and ``skip_first_batches`` keep conveyor loading.
+accelerate's own ``prepare`` replaces a conveyor loader with torch's: conveyor says so
+once, naming the fix."""
 
 from __future__ import annotations
 
@@ -35,18 +38,45 @@ def _run(processes: int, tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(processes)]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_prepare_keeps_accelerates_shards_with_conveyor_loading(
-    processes: int, tmp_path: Path
-) -> None:
-    ranks = _run(processes, tmp_path)
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-processes"])
+def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _run(request.param, tmp_path_factory.mktemp("accelerate"))
+
+
+@pytest.mark.parametrize("way", ["function", "subclass"])
+def test_conveyor_loads_with_accelerates_shards(way: str, ranks: list[dict[str, Any]]) -> None:
     seen_all = []
     for report in ranks:
-        theirs, ours = report["torch"], report["conveyor"]
+        theirs, ours = report["torch"], report[way]
         assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
+        assert ours["warnings"] == []
         assert ours["epochs"] == theirs["epochs"]  # batches, order and gradient syncs
         for epoch in ours["epochs"]:
             # accumulation of 4: the epoch's last step synchronises too
             assert epoch["syncs"][-1] is True
         seen_all += [i for batch in ours["epochs"][0]["seen"] for i in batch]
     assert sorted(seen_all) == list(range(80))  # the processes' shards make up the dataset
+
+
+def test_skip_first_batches_keeps_conveyor_loading(ranks: list[dict[str, Any]]) -> None:
+    for report in ranks:
+        theirs, ours = report["torch_skipped"], report["subclass_skipped"]
+        assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
+        assert ours["epochs"] == theirs["epochs"]
+        assert len(ours["epochs"][0]["seen"]) == 80 // 4 // len(ranks) - 3
+
+
+def test_accelerates_own_prepare_says_once_that_torch_loads_and_names_the_fix(
+    ranks: list[dict[str, Any]],
+) -> None:
+    for report in ranks:
+        plain = report["plain"]
+        assert plain["loader"] == "torch.utils.data.dataloader"  # replaced, as before
+        assert [w["category"] for w in plain["warnings"]] == ["LoaderReplacedWarning"]
+        warning = plain["warnings"][0]
+        assert warning["filename"] == str(SCRIPT)  # the user's accelerator.prepare() line
+        message = warning["message"]
+        assert "replacing this conveyor DataLoader with a torch DataLoader" in message
+        assert "options (max_worker_restarts=5, on_error='skip')" in message  # what is lost
+        assert "`from conveyor.integrations.accelerate import Accelerator`" in message
+        assert "conveyor.integrations.accelerate.prepare(accelerator, loader)" in message

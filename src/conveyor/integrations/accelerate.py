@@ -1,27 +1,47 @@
 """Hugging Face accelerate, with conveyor doing the loading.
 
 ``accelerator.prepare(loader)`` always builds a *torch* ``DataLoader`` from the
-loader's attributes (inside its ``DataLoaderShard``), so conveyor's loader would be
-silently replaced by torch's. :func:`prepare` lets accelerate do everything it
-does — shard the batches over its processes, synchronise the shuffling generator,
-move batches to the device, tell the gradient accumulation where an epoch ends —
-and then puts a conveyor loader, with the same batches and every conveyor option,
-where accelerate put torch's::
+loader's attributes (inside its ``DataLoaderShard``; accelerate 1.15 has no hook for
+the class it builds), so conveyor's loader would be replaced by torch's: conveyor
+warns when that happens (``LoaderReplacedWarning``). Two ways keep conveyor loading.
+Both let accelerate do everything it does — shard the batches over its processes,
+synchronise the shuffling generator, move batches to the device, tell the gradient
+accumulation where an epoch ends — and then put a conveyor loader, with the same
+batches and every conveyor option, where accelerate put torch's:
 
-    from conveyor.integrations.accelerate import prepare
+- the :class:`Accelerator` here, accelerate's own with that one change: the usual
+  ``accelerator.prepare(model, optimizer, loader)`` and ``skip_first_batches`` keep
+  conveyor loading::
 
-    loader = prepare(accelerator, DataLoader(dataset, batch_size=32, shuffle=True,
-                                             num_workers=4, on_error="skip"))
-    model, optimizer = accelerator.prepare(model, optimizer)
+      from conveyor.integrations.accelerate import Accelerator   # was: from accelerate
+
+      accelerator = Accelerator()
+      model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+- :func:`prepare`, for an accelerator made elsewhere::
+
+      from conveyor.integrations.accelerate import prepare
+
+      loader = prepare(accelerator, DataLoader(dataset, batch_size=32, shuffle=True,
+                                               num_workers=4, on_error="skip"))
+      model, optimizer = accelerator.prepare(model, optimizer)
+
+Not tested: a loader prepared with ``use_stateful_dataloader=True`` (accelerate builds
+torchdata's ``StatefulDataLoader``, replaced the same way), and TPUs (XLA), where
+accelerate wraps the loader in a device loader; one without a ``base_dataloader`` to
+replace keeps torch's loader, with a ``LoaderReplacedWarning``. docs/frameworks.md has
+the details.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from conveyor import DataLoader
+from conveyor import DataLoader, LoaderReplacedWarning
+from conveyor._replaced import prepared_by_conveyor
 
-__all__ = ["prepare"]
+__all__ = ["Accelerator", "prepare"]
 
 # torch's arguments accelerate passes on to the loader it builds.
 _TORCH_OPTIONS = (
@@ -40,13 +60,33 @@ _TORCH_OPTIONS = (
 
 def prepare(accelerator: Any, loader: DataLoader) -> Any:
     """``accelerator.prepare(loader)``, with conveyor's loader doing the loading."""
-    if not isinstance(loader, DataLoader):
+    if not _unprepared(loader):
         raise TypeError(
             f"prepare() takes a conveyor DataLoader, got {type(loader).__name__}: for other "
             "loaders call accelerator.prepare() itself"
         )
-    prepared = accelerator.prepare(loader)
-    prepared.base_dataloader = _conveyor_twin(loader, prepared.base_dataloader)
+    with prepared_by_conveyor(loader):
+        prepared = accelerator.prepare(loader)
+    return _loading_with(loader, prepared)
+
+
+def _unprepared(loader: Any) -> bool:
+    """A conveyor loader itself (a prepared one claims to be of its base's class)."""
+    return issubclass(type(loader), DataLoader)
+
+
+def _loading_with(loader: DataLoader, prepared: Any) -> Any:
+    """``prepared`` (accelerate's wrapper), loading with a conveyor twin of ``loader``."""
+    made = getattr(prepared, "base_dataloader", None)
+    if made is None:
+        warnings.warn(
+            f"accelerate wrapped the loader in a {type(prepared).__name__}, which conveyor "
+            "cannot reach into: torch's DataLoader will load the data there.",
+            LoaderReplacedWarning,
+            stacklevel=3,
+        )
+    elif not isinstance(made, DataLoader):  # not twinned already (a nested prepare)
+        prepared.base_dataloader = _conveyor_twin(loader, made)
     return prepared
 
 
@@ -60,3 +100,30 @@ def _conveyor_twin(loader: DataLoader, made: Any) -> DataLoader:
     return DataLoader(
         made.dataset, batch_size=None, sampler=made.sampler, drop_last=made.drop_last, **kwargs
     )
+
+
+try:
+    import accelerate
+except ImportError:  # prepare() takes the accelerator it is given; Accelerator needs it
+    pass
+else:
+
+    class Accelerator(accelerate.Accelerator):
+        """accelerate's ``Accelerator``, whose ``prepare`` (and ``prepare_data_loader``,
+        ``skip_first_batches``) keep a conveyor loader loading with conveyor."""
+
+        def prepare_data_loader(self, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _unprepared(data_loader):
+                return super().prepare_data_loader(data_loader, *args, **kwargs)
+            with prepared_by_conveyor(data_loader):
+                prepared = super().prepare_data_loader(data_loader, *args, **kwargs)
+            return _loading_with(data_loader, prepared)
+
+        def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+            # accelerate builds torch's loader again, from the prepared one's attributes
+            # (those of the conveyor loader within): a twin of that conveyor loader.
+            skipped = super().skip_first_batches(dataloader, num_batches)
+            ours: Any = getattr(dataloader, "base_dataloader", None)
+            if _unprepared(ours):
+                return _loading_with(ours, skipped)
+            return skipped
