@@ -1,5 +1,6 @@
 """An error raised by user code names the sample that raised, not only its batch: with and
-without workers, for ``__getitem__``, ``__getitems__``, an iterable dataset and collate.
+without workers (processes and threads), for ``__getitem__``, ``__getitems__``, an
+iterable dataset and collate.
 
 The exception keeps its type and is raised once; the note in the main process
 (``num_workers=0``) is the workers' note without the worker's fields.
@@ -103,8 +104,11 @@ def _first_error(loader: DataLoader, error: type[BaseException]) -> tuple[BaseEx
 
 
 def _loader(dataset: Any, batch_size: int, start_method: str | None) -> DataLoader:
+    """``start_method``: None for the main process, "thread" for thread workers."""
     if start_method is None:
         return DataLoader(dataset, batch_size=batch_size)
+    if start_method == "thread":
+        return DataLoader(dataset, batch_size=batch_size, num_workers=2, worker_method="thread")
     return DataLoader(
         dataset, batch_size=batch_size, num_workers=2, multiprocessing_context=start_method
     )
@@ -118,7 +122,7 @@ def _who(exc: BaseException, start_method: str | None) -> str:
     return f"worker {context.worker_id} (pid {context.pid})"
 
 
-@pytest.mark.parametrize("start_method", [None, "fork", "forkserver"])
+@pytest.mark.parametrize("start_method", [None, "fork", "forkserver", "thread"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_note_names_the_sample_that_raised(case: str, start_method: str | None) -> None:
     dataset, batch_size, error, seq, where, culprit = CASES[case]
@@ -139,7 +143,7 @@ def test_the_note_names_the_sample_that_raised(case: str, start_method: str | No
         assert lines[1] == "Worker traceback (most recent call last):"
 
 
-@pytest.mark.parametrize("start_method", [None, "fork", "forkserver"])
+@pytest.mark.parametrize("start_method", [None, "fork", "forkserver", "thread"])
 def test_an_iterable_datasets_error_names_the_item_in_its_stream(start_method: str | None) -> None:
     exc, _ = _first_error(_loader(Shards(), 4, start_method), OSError)
 
@@ -157,7 +161,7 @@ def test_an_iterable_datasets_error_names_the_item_in_its_stream(start_method: s
     )
 
 
-@pytest.mark.parametrize("start_method", [None, "fork"])
+@pytest.mark.parametrize("start_method", [None, "fork", "thread"])
 def test_an_error_past_the_skip_budget_names_its_sample(start_method: str | None) -> None:
     loader = _loader(Labels(), 64, start_method)
     loader.on_error, loader.max_errors = "skip", 0
