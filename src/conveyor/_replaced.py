@@ -37,7 +37,7 @@ class AcceleratePrepared:
             return self
         state = loader.__dict__
         prepared = state.get(_PREPARED, False)
-        if not prepared and not state.get(_OURS) and not state.get(_WARNED):
+        if not prepared and not state.get(_OURS) and not state.get(_WARNED) and _from_accelerate():
             state[_WARNED] = True
             warnings.warn(_message(loader), LoaderReplacedWarning, stacklevel=_callers_level())
         return prepared
@@ -83,6 +83,11 @@ def _changed_options(loader: Any) -> str:
         if name in parameters and getattr(loader, name) != parameters[name].default
     ]
     return ", ".join(changed)
+
+
+def _from_accelerate() -> bool:
+    """Whether accelerate itself asks (not a debugger or a tool listing attributes)."""
+    return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("accelerate.")
 
 
 def _callers_level() -> int:
