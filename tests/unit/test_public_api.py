@@ -77,11 +77,13 @@ def test_a_torch_dataloader_to_isinstance_checks_and_to_frameworks_reading_attri
 
 def _conveyor_exception_classes() -> set[type]:
     """Every exception and warning class conveyor defines, in any of its modules."""
+    import contextlib
     import importlib
     import pkgutil
 
     for module in pkgutil.walk_packages(conveyor.__path__, "conveyor."):
-        importlib.import_module(module.name)  # defines its classes: __subclasses__ sees them
+        with contextlib.suppress(ImportError):  # an optional dependency (Pillow) is missing
+            importlib.import_module(module.name)  # its classes: __subclasses__ sees them
     found: set[type] = set()
     todo: list[type] = [conveyor.ConveyorError, conveyor.ConveyorWarning]
     while todo:
