@@ -276,7 +276,7 @@ class WorkerPool:
         """Start one more worker (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
         self._specs.append(spec)
-        self._workers.append(self._start(spec))
+        self._start(spec)  # appends it, safe from Ctrl-C
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker that has no task left, for good (it is not replaced)."""
