@@ -121,6 +121,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "text": (64, 2, True),
         "big": (16, 2, True),
         "latency": (16, 8, False),
+        "remote": (16, 8, True),
         "startup": (32, 2, False),
         "epochs": (256, 2, False),
         "train": (64, 2, True),
@@ -137,7 +138,9 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    assert tuple(n for n in WORKLOADS if n not in ("decode", "big")) == specs.QUICK_WORKLOADS
+    assert (
+        tuple(n for n in WORKLOADS if n not in ("decode", "big", "remote")) == specs.QUICK_WORKLOADS
+    )
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
     assert WORKLOADS["startup"].quick_start_methods == ("fork",)
@@ -337,6 +340,7 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
         ("tiny", "reference loop, 2 fork workers, shared memory"),
         ("tiny", FEATURES_CONFIG),
         ("latency", "8 workers"),
+        ("latency", "num_workers='auto'"),
     }
     for (_, config), (mine, theirs, ratio, notes) in rows.items():
         if config.startswith(("plain", "reference")):
@@ -344,6 +348,9 @@ def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
         elif config == FEATURES_CONFIG:  # conveyor's own options: no torch column
             assert _number(mine) > 0 and theirs == "-"
             assert "of the same loader without them:" in notes
+        elif config == "num_workers='auto'":  # conveyor alone, another worker count
+            assert _number(mine) > 0 and theirs == "-"
+            assert "x conveyor's workers row above" in notes
         else:
             assert _number(mine) > 0 and _number(theirs) > 0 and _number(ratio) > 0, notes
     assert "of ideal 1,600/s" in rows[("latency", "8 workers")][3]
@@ -397,7 +404,9 @@ def test_the_copy_to_the_accelerator_moves_every_tensor_then_waits(
 def test_train_row_says_how_long_each_loader_kept_the_loop_waiting() -> None:
     pytest.importorskip("torch")
     options = BenchOptions(workloads=("train",), quick=True, repeat=1)
-    [row] = runner.run_benchmark(options, progress=None).rows
+    row, threads = runner.run_benchmark(options, progress=None).rows
+    assert threads.kind == "variant" and threads.config == "2 thread workers"
+    assert [run.batches for run in threads.runs["conveyor"]] == [10]
     assert row.kind == "train" and row.errors == {}
     assert row.config.startswith("2 workers, persistent, 5 ms step, ")
     for loader in ("conveyor", "torch"):

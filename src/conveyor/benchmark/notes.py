@@ -94,8 +94,13 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             )
         if row.kind == "train":
             row.notes.extend(_training_notes(row))
-        if spec.ideal_samples_per_s and row.kind in ("throughput", "train"):
-            ideal = spec.ideal_samples_per_s
+        if row.kind == "variant" and mine and (v := row.median("conveyor")):
+            row.notes.append(f"{v / mine:.2f}x conveyor's workers row above")
+        ideal = spec.ideal_samples_per_s
+        if spec.per_worker_ideal and row.kind in ("throughput", "variant"):
+            count = _worker_count(spec, row)
+            ideal = count * spec.per_worker_ideal if count else None
+        if ideal and row.kind in ("throughput", "train", "variant"):
             row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
         for name, runs in row.runs.items():
             leaked = max(m.leaked_processes for m in runs)
@@ -182,3 +187,11 @@ def _training_notes(row: Row) -> list[str]:
     if copies:
         notes.append(f"copy to the accelerator: {', '.join(copies)}")
     return notes
+
+
+def _worker_count(spec: WorkloadSpec, row: Row) -> int | None:
+    """The workers a row ran with (None: "auto", or none)."""
+    if row.kind == "throughput":
+        return spec.num_workers if row.config != INLINE_CONFIG else None
+    variant = next((v for v in spec.variants if v.label == row.config), None)
+    return variant.workers if variant is not None and isinstance(variant.workers, int) else None

@@ -16,7 +16,9 @@ REFERENCE = "reference"
 INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row
 NOT_INSTALLED = "not installed"
 
-RowKind = Literal["throughput", "startup", "epochs", "train", "baseline", "reference", "features"]
+RowKind = Literal[
+    "throughput", "startup", "epochs", "train", "baseline", "reference", "features", "variant"
+]
 TIMED_KINDS = ("startup", "epochs")  # rows whose figure is seconds: lower is better
 
 

@@ -191,7 +191,7 @@ def _loader_factory(
     cls: LoaderClass,
     dataset: MapDataset,
     spec: WorkloadSpec,
-    workers: int,
+    workers: int | str,
     method: str | None,
     extra: dict[str, Any] | None = None,
 ) -> LoaderFactory:
@@ -203,11 +203,9 @@ def _loader_factory(
         return lambda: cls(dataset, **kwargs)
     kwargs["shuffle"] = False
     if workers:
-        kwargs.update(
-            num_workers=workers,
-            persistent_workers=spec.persistent_workers,
-            multiprocessing_context=method,
-        )
+        kwargs.update(num_workers=workers, persistent_workers=spec.persistent_workers)
+        if kwargs.get("worker_method") != "thread":  # threads start no process
+            kwargs["multiprocessing_context"] = method
     return lambda: cls(dataset, **kwargs)
 
 
@@ -319,6 +317,22 @@ def _run_workload(
     def throughput(factory: LoaderFactory) -> Measurement:
         return measure_throughput(factory, window)
 
+    def run_variants(
+        measure: Callable[..., Measurement], extra: dict[str, Any] | None = None
+    ) -> None:
+        """conveyor alone with each variant's settings (thread workers, "auto")."""
+        if options.stand_in_torch or "conveyor" not in chosen:
+            return
+        for variant in spec.variants:
+            kwargs = {**(extra or {}), **dict(variant.extra)}
+            row, factories = loader_row(
+                variant.label, "variant", 1, extra=kwargs, names=("conveyor",)
+            )
+            factories["conveyor"] = _loader_factory(
+                loaders.classes["conveyor"], dataset, spec, variant.workers, method, kwargs
+            )
+            run(row, factories, measure)
+
     def epochs(factory: LoaderFactory) -> Measurement:
         return measure_epochs(factory, window)
 
@@ -338,6 +352,7 @@ def _run_workload(
             return measure_training(factory, window, spec.step_s, accelerator)
 
         run(row, factories, train)
+        run_variants(train, extra=pinned)
     elif spec.kind == "epochs":
         batches = len(dataset) // spec.batch_size
         for row_method in methods:
@@ -350,6 +365,7 @@ def _run_workload(
             _config_label(spec, method), "throughput", spec.num_workers, names=names
         )
         run(row, factories, throughput)
+        run_variants(throughput)
         if spec.inline_rows:
             row, factories = loader_row(INLINE_CONFIG, "throughput", 0)
             run(row, factories, throughput)

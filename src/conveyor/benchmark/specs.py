@@ -27,6 +27,16 @@ Kind = Literal["throughput", "startup", "epochs", "train"]
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A row of conveyor alone with other settings: ``label``, the worker count (an int,
+    or "auto") and the extra loader arguments (thread workers, say)."""
+
+    label: str
+    workers: int | str
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class WindowSpec:
     """A timed window: after ``warmup`` batches, run until ``min_batches`` are timed and
     ``seconds`` have passed, stopping at ``max_batches`` in any case. For the ``epochs`` kind
@@ -86,6 +96,10 @@ class WorkloadSpec:
     quick_start_methods: tuple[str, ...] = ()
     fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
     step_s: float = 0.0  # train: each batch's training step (the host waiting for the GPU)
+    variants: tuple[Variant, ...] = ()  # rows of conveyor alone, other settings
+    # A worker's own limit (samples/s it can give: one over a sample's wait), for the
+    # share of the ideal each row reaches whatever its worker count.
+    per_worker_ideal: float | None = None
 
     def __post_init__(self) -> None:
         timed = self.kind in ("throughput", "epochs", "train")
@@ -121,6 +135,8 @@ def _paths_dataset(length: int, quick: bool) -> PathListDataset:
     return PathListDataset(length // 10 if quick else length)
 
 
+THREADS = Variant("2 thread workers", 2, (("worker_method", "thread"),))
+AUTO = Variant("num_workers='auto'", "auto")
 DECODE_IMAGES = 256  # different JPEGs of 500x375; --quick: 16 small ones, 160x120
 
 
@@ -154,6 +170,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             name="image",
+            variants=(AUTO,),
             summary="3x224x224 uint8 image + label, fetch is free; bandwidth dominates",
             kind="throughput",
             make_dataset=lambda n, quick: ImageDataset(n),
@@ -206,6 +223,10 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             machine_target=True,
             target_vs_inline=1.0,
             in_quick=False,
+            variants=(
+                Variant("2 thread workers", 2, (("worker_method", "thread"),)),
+                Variant("num_workers='auto'", "auto"),
+            ),
         ),
         WorkloadSpec(
             name="cpu",
@@ -223,6 +244,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             alternatives=True,
             target_speedup=1.9,
             target_vs_inline=1.0,
+            variants=(AUTO,),
         ),
         WorkloadSpec(
             name="text",
@@ -271,6 +293,26 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             quick_batches=10,
             warmup=16,
             ideal_samples_per_s=8 / 0.005,
+            variants=(AUTO,),
+        ),
+        WorkloadSpec(
+            name="remote",
+            summary="samples that wait 20 ms (object storage stands in), batch 16: 8 worker "
+            "processes against 64 thread workers; ideal: one sample per 20 ms per worker",
+            kind="throughput",
+            make_dataset=lambda n, quick: SleepDataset(n, delay_s=0.02),
+            batch_size=16,
+            num_workers=8,
+            persistent_workers=True,
+            max_batches=600,
+            quick_batches=4,
+            warmup=8,
+            per_worker_ideal=1 / 0.02,
+            variants=(
+                Variant("64 thread workers", 64, (("worker_method", "thread"),)),
+                Variant("num_workers='auto', threads", "auto", (("worker_method", "thread"),)),
+            ),
+            in_quick=False,
         ),
         WorkloadSpec(
             name="train",
@@ -286,6 +328,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             warmup=6,
             step_s=0.005,
             ideal_samples_per_s=64 / 0.005,
+            variants=(THREADS,),
         ),
         WorkloadSpec(
             name="startup",
