@@ -16,6 +16,7 @@ __all__ = ["Cause", "Verdict", "diagnose"]
 
 IDLE_LOOP = 0.05  # the loop waiting less than this share of the time: loading keeps up
 BUSY_WORKERS = 0.6  # workers busy less than this while the loop waits: they are not the cause
+MAIN_SHARE = 0.3  # rebuilding and pinning this share of the loop's wait: the main process
 WAITING_CPU = 0.5  # workers active less than this share of their busy time: they wait (I/O)
 MIB = 1 << 20
 
@@ -60,7 +61,8 @@ def diagnose(stats: LoaderStatistics, cpus: int, *, stages: StageTimes | None = 
             f"{_per_batch(times, 'collate_s')} collating a batch). Use workers: "
             f"num_workers={max(1, cpus)} (or num_workers='auto').",
         )
-    if busy < BUSY_WORKERS:
+    main_s = times.decode_s + times.pin_s
+    if busy < BUSY_WORKERS and main_s >= MAIN_SHARE * times.wait_s:
         return Verdict(
             Cause.MAIN_PROCESS,
             f"The main process holds training back: {loop} while the workers were busy "
