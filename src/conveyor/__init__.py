@@ -9,12 +9,14 @@ from .diagnostics.findings import Finding, Report, Severity
 from .diagnostics.preflight import check
 from .errors import (
     BatchesHeldWarning,
+    ClusterLostError,
     CollateError,
     ConfigError,
     ConveyorError,
     ConveyorWarning,
     DuplicateDataWarning,
     LoaderReplacedWarning,
+    MissingDependencyError,
     PreflightWarning,
     SharedMemoryExhaustedError,
     UnpicklableError,
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSampler",
     "BatchesHeldWarning",
+    "ClusterLostError",
     "CollateError",
     "ConfigError",
     "ConveyorError",
@@ -56,6 +59,7 @@ __all__ = [
     "IterableDataset",
     "LoaderReplacedWarning",
     "LoaderStatistics",
+    "MissingDependencyError",
     "PerWorker",
     "PreflightWarning",
     "RandomSampler",

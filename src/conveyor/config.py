@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 ON_ERROR = ("raise", "skip")
-WORKER_METHODS = ("multiprocessing", "thread")
+WORKER_METHODS = ("multiprocessing", "thread", "ray")
 ON_TIMEOUT = ("raise", "restart")
 
 
@@ -173,6 +174,7 @@ class Options:
     worker_method: str = "multiprocessing"
     progress: bool = False
     report: bool = False
+    worker_options: Mapping[str, Any] | None = None  # Ray actor options (worker_method="ray")
 
     def __post_init__(self) -> None:
         self.policy()  # checks the failure options
@@ -191,8 +193,9 @@ class Options:
             raise ConfigError(
                 f"worker_method must be one of {WORKER_METHODS}, got {self.worker_method!r}: "
                 "'multiprocessing' runs each worker in a process (torch's default), "
-                "'thread' in a thread of this process"
+                "'thread' in a thread of this process, 'ray' in an actor on a Ray cluster"
             )
+        check_worker_options(self.worker_method, self.worker_options)
 
     def policy(self) -> SupervisionPolicy:
         return SupervisionPolicy(
@@ -230,7 +233,8 @@ class LoaderConfig:
     reseed: str = "worker"  # see conveyor._reseed
     snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
     run_ahead: bool = True  # small batches: tasks beyond prefetch_factor (see DataLoader)
-    worker_method: str = "multiprocessing"  # or "thread": see DataLoader
+    worker_method: str = "multiprocessing"  # or "thread", "ray": see DataLoader
+    worker_options: Mapping[str, Any] | None = None  # Ray actor options (worker_method="ray")
     progress: bool = False  # a progress line as epochs go (observe/progress.py)
     report: bool = False  # the epoch's figures and verdict at its end (observe/watch.py)
     tuner: Autotuner | None = None  # num_workers="auto": chose the count, adapts it
@@ -254,6 +258,11 @@ class LoaderConfig:
     def in_threads(self) -> bool:
         """Workers are threads of this process: nothing is pickled or forked."""
         return self.worker_method == "thread"
+
+    @property
+    def remote(self) -> bool:
+        """Workers are Ray actors, on this machine or others (see _workers/ray_pool.py)."""
+        return self.worker_method == "ray"
 
     @property
     def dataset_keeps_state(self) -> bool:
@@ -292,6 +301,45 @@ class LoaderHistory:
     def next_epoch(self) -> int:
         self.epochs_started += 1
         return self.epochs_started - 1
+
+
+# Actor options that would break what conveyor promises: it restarts workers itself
+# (exactly once, within max_worker_restarts), and a worker runs its tasks one at a time,
+# in the order sent (an iterable dataset's batches follow that order).
+_RAY_OPTIONS_KEPT = {
+    "max_restarts": "conveyor replaces dead workers itself (max_worker_restarts)",
+    "max_task_retries": "conveyor re-sends a dead worker's tasks itself, exactly once",
+    "max_concurrency": "a worker runs its tasks one at a time, in the order sent",
+    "concurrency_groups": "a worker runs its tasks one at a time, in the order sent",
+    "lifetime": "a worker lives as long as its loader's iterator",
+    "name": "each worker's actor is conveyor's own",
+    "namespace": "each worker's actor is conveyor's own",
+    "get_if_exists": "each worker's actor is conveyor's own",
+}
+
+
+def check_worker_options(worker_method: str, options: Mapping[str, Any] | None) -> None:
+    """``worker_options`` go to Ray as actor options (CPUs per worker, custom resources,
+    a runtime environment): a mapping of option names, for ``worker_method="ray"`` only.
+    Ray checks the names and values it knows when the workers start."""
+    if options is None:
+        return
+    if worker_method != "ray":
+        raise ConfigError(
+            f"worker_options={options!r} are Ray actor options: they need "
+            f"worker_method='ray', got worker_method={worker_method!r}. Drop worker_options, "
+            "or pass worker_method='ray'."
+        )
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(
+            "worker_options must be a mapping of Ray actor option names to values, e.g. "
+            f"{{'num_cpus': 2, 'runtime_env': {{'pip': ['pillow']}}}}, got {options!r}"
+        )
+    for key, why in _RAY_OPTIONS_KEPT.items():
+        if key in options:
+            raise ConfigError(
+                f"worker_options[{key!r}] cannot be set: {why}. Drop it from worker_options."
+            )
 
 
 def _is_number(value: object) -> bool:

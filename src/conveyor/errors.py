@@ -8,7 +8,8 @@ for ``torch.utils.data.DataLoader`` keep working::
     ├── WorkerError (RuntimeError)            a worker died, hung, or failed to start
     │   ├── WorkerCrashedError                signal / exit code, likely cause, in-flight indices
     │   ├── WorkerTimeoutError (TimeoutError) a task outlived ``timeout``: index and stack
-    │   └── WorkerStartupError                the worker could not start (unpickling, import)
+    │   ├── WorkerStartupError                the worker could not start (unpickling, import)
+    │   └── ClusterLostError                  the Ray cluster of the workers cannot be reached
     ├── UnpicklableError (pickle.PicklingError, TypeError)
     │                                         what could not be pickled, as an attribute path
     ├── CollateError                          field path, dataset indices, shapes or key sets;
@@ -21,6 +22,7 @@ for ``torch.utils.data.DataLoader`` keep working::
     ├── SharedMemoryExhaustedError (MemoryError)  no memory for a batch's slot: the size
     └── ConfigError (ValueError)              an argument and its bad value
         ├── PrefetchFactorError (AssertionError)  prefetch_factor=0 with workers (torch asserts)
+        ├── MissingDependencyError (ImportError)  an option needs a package: the pip line
         ├── StateError                        a state_dict that cannot be loaded: the key, why
         │   └── WorkerCountError (AssertionError)  resuming per-worker state with another
         │                                     num_workers (torchdata asserts)
@@ -56,6 +58,7 @@ from typing import Any
 
 __all__ = [
     "BatchesHeldWarning",
+    "ClusterLostError",
     "CollateError",
     "CollateKeyError",
     "CollateShapeError",
@@ -68,6 +71,7 @@ __all__ = [
     "Culprit",
     "DuplicateDataWarning",
     "LoaderReplacedWarning",
+    "MissingDependencyError",
     "PrefetchFactorError",
     "PreflightWarning",
     "SharedMemoryExhaustedError",
@@ -176,6 +180,12 @@ class WorkerStartupError(WorkerError):
     """A worker could not start: its arguments did not unpickle, or an import failed."""
 
 
+class ClusterLostError(WorkerError):
+    """The Ray cluster the workers run on can no longer be reached (its head node is
+    gone, or this process lost its connection): no task can finish. What was handed
+    out is in ``state_dict()``, to resume from once the cluster is back."""
+
+
 class UnpicklableError(ConveyorError, pickle.PicklingError, TypeError):
     """Something that must cross a process boundary cannot be pickled.
 
@@ -259,6 +269,11 @@ class ConfigError(ConveyorError, ValueError):
 
 class PrefetchFactorError(ConfigError, AssertionError):
     """``prefetch_factor=0`` with workers: torch raises AssertionError on ``iter()``."""
+
+
+class MissingDependencyError(ConfigError, ImportError):
+    """An option needs a package that is not installed (``worker_method="ray"`` needs
+    Ray): the message says which, and the line that installs it."""
 
 
 class StateError(ConfigError):

@@ -14,7 +14,7 @@ import os
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.context import BaseContext
 from typing import Any, cast
 
@@ -27,6 +27,7 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
 from ._replaced import AcceleratePrepared
+from ._workers.ray_cluster import require_ray
 from .config import LoaderConfig, LoaderHistory, Options, StartMethod
 from .dataset import is_iterable_dataset
 from .diagnostics import environment
@@ -44,6 +45,11 @@ _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
 
+
+_STARTS_NO_PROCESS = {
+    "thread": "thread workers start no process",
+    "ray": "Ray starts its workers' processes on the cluster's nodes",
+}
 
 _torch_module = _torch.load()
 # With torch installed, conveyor's loader *is* a torch DataLoader to every isinstance
@@ -76,6 +82,11 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     loader, so that on few cores they rarely sleep waiting for work; False keeps
     exactly ``prefetch_factor`` per worker, as torch does.
     ``conveyor.check(loader)`` prints the full report.
+
+    ``worker_method``: ``"multiprocessing"`` (torch's worker processes), ``"thread"``
+    (threads of this process) or ``"ray"`` (one Ray actor per worker, on the cluster
+    ``ray.init()`` connects to; ``worker_options`` are the actors' options: CPUs per
+    worker, custom resources, a runtime environment). See docs/ray.md.
     """
 
     _initialized = False
@@ -119,6 +130,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         worker_method: str = "multiprocessing",
         progress: bool = False,
         report: bool = False,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._tuner = auto_workers(num_workers, worker_method)  # num_workers="auto"
         num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
@@ -166,14 +178,21 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             worker_method=worker_method,
             progress=progress,
             report=report,
+            # A copy: the loader's own, as torch keeps its arguments (a mapping, else refused).
+            worker_options=dict(worker_options)
+            if isinstance(worker_options, Mapping)
+            else worker_options,
         )
         for name in self.conveyor_options:
             setattr(self, name, getattr(options, name))
-        if worker_method == "thread" and multiprocessing_context is not None:
+        if worker_method in ("thread", "ray") and multiprocessing_context is not None:
             raise ConfigError(
                 f"multiprocessing_context={multiprocessing_context!r} has no meaning with "
-                "worker_method='thread': thread workers start no process. Drop one of them."
+                f"worker_method={worker_method!r}: {_STARTS_NO_PROCESS[worker_method]}. Drop one "
+                "of them."
             )
+        if worker_method == "ray":
+            require_ray()
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -283,6 +302,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             snapshot_every_n_steps=options.snapshot_every_n_steps or 0,
             run_ahead=options.run_ahead,
             worker_method=options.worker_method,
+            worker_options=options.worker_options,
             progress=options.progress,
             report=options.report,
             tuner=self._tuner,
@@ -339,7 +359,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # The platform's default is read when iterating, as torch reads it, so a
             # set_start_method() after building the loader is honoured.
             config = dataclasses.replace(config, start_method=StartMethod.of(None))
-        if self.num_workers > 0 and self._preflight_pending and not config.in_threads:
+        # Thread workers share this process's objects; Ray workers get them pickled when
+        # their pool starts, which names what does not pickle (as spawn's pre-flight would).
+        processes = config.worker_method == "multiprocessing"
+        if self.num_workers > 0 and self._preflight_pending and processes:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
             # (or state_dict()) line: four frames up.
             run_automatic(config, stacklevel=4)
@@ -474,6 +497,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         """Warn, as torch does, when asking for more workers than usable CPUs."""
         if self.num_workers == 0 or self.worker_method == "thread":
             return  # threads mostly wait (I/O) or release the GIL: more than cores is fine
+        if self.worker_method == "ray":
+            return  # the cluster's CPUs, not this machine's
         cpus = environment.affinity()  # torch counts the affinity mask too
         if self.num_workers > cpus:
             warnings.warn(

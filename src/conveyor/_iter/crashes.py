@@ -155,7 +155,7 @@ class CrashJudge:
         if entry is not None and evidence is not None:
             named = self._named(entry, evidence, death.status)
         reason = self._killed_because.get(worker_id)
-        exit_text = reason or messages.describe_exit(death.exitcode, self.forked)
+        exit_text = reason or death.cause or messages.describe_exit(death.exitcode, self.forked)
         summary = messages.death_summary(
             death,
             exit_text,
@@ -181,7 +181,9 @@ class CrashJudge:
             return give_up("")  # already giving up: no replacement; it matters only if earlier
         if self.iterable:
             return give_up(messages.NO_RESTART_ITERABLE)
-        outside = death.exitcode in _OUTSIDE_EXITS and reason is None
+        # An unknown end (exitcode None: a Ray actor's) may have come from outside too.
+        unknown = death.exitcode is None
+        outside = (unknown or death.exitcode in _OUTSIDE_EXITS) and reason is None
         if death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT) and not outside:
             # Killed from outside while starting says nothing about start-up itself:
             # max_worker_restarts bounds those.

@@ -75,10 +75,12 @@ def undecodable(
     return attach_worker_context(exc, context)
 
 
-def startup_failed(worker_id: int, failed: StartupFailed, pid: int | None) -> BaseException:
+def startup_failed(
+    worker_id: int, failed: StartupFailed, pid: int | None, *, remote: bool = False
+) -> BaseException:
     """A worker could not start. The user's ``worker_init_fn`` (WORKER_INIT) and
     restoring the dataset's state (FETCH) raise their own exception; anything else is
-    a WorkerStartupError."""
+    a WorkerStartupError (``remote``: a Ray worker's)."""
     exc = rebuild(failed.error)
     context = WorkerContext(
         worker_id=worker_id,
@@ -87,7 +89,7 @@ def startup_failed(worker_id: int, failed: StartupFailed, pid: int | None) -> Ba
         traceback=failed.error.traceback,
     )
     if failed.stage not in (Stage.WORKER_INIT, Stage.FETCH):
-        error = WorkerStartupError(messages.startup_failed(worker_id, pid, exc))
+        error = WorkerStartupError(messages.startup_failed(worker_id, pid, exc, remote=remote))
         error.__cause__ = exc
         exc = error
     return attach_worker_context(exc, context)

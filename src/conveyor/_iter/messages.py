@@ -226,14 +226,23 @@ def restart_report(
     )
 
 
-def startup_failed(worker_id: int, pid: int | None, exc: BaseException) -> str:
+def startup_failed(
+    worker_id: int, pid: int | None, exc: BaseException, *, remote: bool = False
+) -> str:
+    """``remote``: the worker is a Ray actor (its fix is on the cluster's side)."""
+    fix = (
+        "make that module importable on the cluster's nodes: install it there, or ship "
+        "it with worker_options={'runtime_env': {'py_modules': [...]}} (or "
+        "{'working_dir': '.'}); a runtime environment that fails to set up says why above"
+        if remote
+        else "make that module importable in the worker, or use multiprocessing_context='fork'"
+    )
     return (
         f"DataLoader worker {worker_id} (pid {pid}) could not start: "
         f"{type(exc).__name__}: {exc}. This usually means the dataset, collate_fn or "
         "worker_init_fn refers to something the worker process cannot import (a module "
         "missing from its sys.path, or a class defined in a module that is not "
-        "importable there). Fix: make that module importable in the worker, or use "
-        "multiprocessing_context='fork'."
+        f"importable there). Fix: {fix}."
     )
 
 

@@ -12,6 +12,7 @@ as the in-process iterator's does.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -100,7 +101,7 @@ class MultiprocessIterator:
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if pool_factory is None:
-            pool_factory = ThreadPool if config.in_threads else WorkerPool
+            pool_factory = _pool_factory(config)
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
         self._supervisor = Supervisor(
@@ -363,7 +364,8 @@ class MultiprocessIterator:
                 self._not_ready.discard(worker_id)
                 self.progress.began(worker_id, state)
             case StartupFailed():
-                error = failures.startup_failed(worker_id, message, self._pid(worker_id))
+                pid, remote = self._pid(worker_id), self._config.remote
+                error = failures.startup_failed(worker_id, message, pid, remote=remote)
                 self._book.on_startup_failed(worker_id, error)
             case BatchDone() | TaskFailed() | IterationEnded():
                 if message.epoch_state is not None:  # the first of the epoch
@@ -386,6 +388,17 @@ class MultiprocessIterator:
 
 
 _NOTHING = object()  # a handed-out task with no batch to give the user
+
+
+def _pool_factory(config: LoaderConfig) -> PoolFactory:
+    """The kind of worker ``config.worker_method`` names."""
+    if config.in_threads:
+        return ThreadPool
+    if config.remote:
+        from .._workers.ray_pool import RayPool  # Ray itself is imported when it starts
+
+        return functools.partial(RayPool, options=config.worker_options)
+    return WorkerPool
 
 
 def _close(pin_ahead: PinAhead | None, pool: Pool) -> None:

@@ -28,12 +28,17 @@ class Received:
 
 @dataclass(frozen=True)
 class Died:
-    """A worker exited without being asked to (its messages came first)."""
+    """A worker exited without being asked to (its messages came first).
+
+    ``exitcode`` None: how it ended is not known (a Ray actor's process: Ray does not say
+    whether it crashed or was killed), which is weak evidence against its sample, as a
+    kill from outside is. ``cause`` then says what is known, in words."""
 
     worker_id: int
     pid: int | None
     exitcode: int | None
     status: WorkerStatus  # what it was doing, read after it died
+    cause: str | None = None
 
 
 PoolEvent = Received | Died

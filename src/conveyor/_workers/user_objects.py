@@ -25,7 +25,7 @@ from ..config import StartMethod
 from .core import UserObjects
 from .sources import code_reducers
 
-__all__ = ["PickledWhileSpawning", "serialize_once"]
+__all__ = ["PickledWhileSpawning", "serialize_for_cluster", "serialize_once"]
 
 
 def serialize_once(user: UserObjects, start_method: StartMethod) -> int | None:
@@ -49,6 +49,17 @@ def serialize_once(user: UserObjects, start_method: StartMethod) -> int | None:
         written = os.write(fd, view)
         view = view[written:]
     return fd
+
+
+def serialize_for_cluster(user: UserObjects) -> bytes:
+    """The user's objects cloudpickled for Ray workers (put in the object store once);
+    a failure names the attribute that does not pickle. multiprocessing's locks and
+    shared values cannot reach another machine: they fail here, named."""
+    _pickle_main_by_value()
+    try:
+        return _dumps(user)
+    except Exception as exc:
+        raise _explain(user, exc, None) from exc
 
 
 def _pickle_main_by_value() -> None:
@@ -106,15 +117,21 @@ class _SpawningPickler(_UserPickler):
     )
 
 
-def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> Exception:
+def _explain(user: UserObjects, error: Exception, start_method: StartMethod | None) -> Exception:
+    """``start_method`` None: the objects go to Ray workers."""
     from ..diagnostics.pickling import explain_unpicklable
 
+    where: dict[str, Any] = (
+        {"start_method": start_method.name}
+        if start_method is not None
+        else {"worker_method": "ray"}
+    )
     for role in ("dataset", "collate_fn", "worker_init_fn"):
         obj = getattr(user, role)
         try:
             _dumps(obj)
         except Exception as exc:
-            return explain_unpicklable(obj, role, exc, role=role, start_method=start_method.name)
+            return explain_unpicklable(obj, role, exc, role=role, **where)
     registrations = user.collate_registrations
     if registrations is not None:
         for root, items in (
@@ -131,6 +148,6 @@ def _explain(user: UserObjects, error: Exception, start_method: StartMethod) -> 
                         name,
                         exc,
                         role="registered collate function",
-                        start_method=start_method.name,
+                        **where,
                     )
     return error

@@ -1,0 +1,175 @@
+"""Where conveyor meets Ray: importing it, connecting, the workers' actor class, whether
+the cluster is still there, how an actor was lost, and the trace side channel.
+
+Ray is optional: it is imported here, and only when asked for, as a module object, so
+nothing else of conveyor imports it and mypy sees Ray's objects as ``Any`` whether Ray
+is installed or not. Two things reach past Ray's public API, both into the GCS client
+of Ray 2.60 (``ray.experimental.internal_kv``), each wrapped here: a key-value read with
+a timeout (is the head node still there?) and small key-value writes (a traced task's
+position, see :class:`TraceBoard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError, MissingDependencyError
+
+__all__ = [
+    "INSTALL",
+    "TraceBoard",
+    "actor_class",
+    "connect",
+    "describe_loss",
+    "is_startup_failure",
+    "ray_module",
+    "require_ray",
+    "unreachable",
+]
+
+RAY_VERSION = "2.60.0"  # the version conveyor is tested with
+INSTALL = f"pip install 'ray=={RAY_VERSION}'"
+_NAMESPACE = b"conveyor"
+KV_TIMEOUT_S = 5.0  # a GCS that does not answer a small read in this long is gone
+
+# What conveyor sets on each worker's actor, before the user's worker_options: a worker
+# reserves one CPU (Ray's default for actors is none once placed, which would pack every
+# worker on one node), and Ray restarts and retries nothing (conveyor does, exactly once).
+_ACTOR_DEFAULTS: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, "max_task_retries": 0}
+
+
+def require_ray() -> None:
+    """Raise a :class:`MissingDependencyError` that says what to install, without
+    importing Ray (that costs seconds; the loader imports it when its workers start)."""
+    if importlib.util.find_spec("ray") is None:
+        raise MissingDependencyError(
+            "worker_method='ray' runs the workers on a Ray cluster, but Ray is not "
+            f"installed in this environment. Install it: {INSTALL} (the same version on "
+            "every node of the cluster), or use worker_method='multiprocessing'."
+        )
+
+
+def ray_module() -> Any:
+    require_ray()
+    return importlib.import_module("ray")
+
+
+def connect() -> Any:
+    """Ray, connected: as it is if this process already called ``ray.init()``, else as
+    ``ray.init()`` connects (``RAY_ADDRESS``, the cluster last started on this machine,
+    or a new local one, which stays up for the next loader)."""
+    ray = ray_module()
+    if not ray.is_initialized():
+        ray.init()
+    return ray
+
+
+def actor_class(worker_class: type, options: Mapping[str, Any] | None) -> Any:
+    """``worker_class`` as a Ray actor class with conveyor's options and the user's
+    ``worker_options`` over them; an option Ray refuses is a ConfigError naming it."""
+    ray = ray_module()
+    merged = {**_ACTOR_DEFAULTS, **(options or {})}
+    try:
+        return ray.remote(worker_class).options(**merged)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"worker_options={dict(options or {})!r}: Ray refused them: {exc}"
+        ) from exc
+
+
+def _gcs() -> Any:
+    return importlib.import_module("ray.experimental.internal_kv").internal_kv_get_gcs_client()
+
+
+def unreachable() -> str | None:
+    """None if the cluster's head node answers a small read within KV_TIMEOUT_S; else
+    what went wrong, in words."""
+    ray = ray_module()
+    if not ray.is_initialized():
+        return "Ray was shut down in this process (ray.shutdown()) while the loader iterated"
+    gcs = _gcs()
+    if gcs is None:
+        return "this process is not connected to a Ray cluster any more"
+    try:
+        gcs.internal_kv_get(b"conveyor-probe", _NAMESPACE, timeout=KV_TIMEOUT_S)
+    except Exception as exc:  # RpcError, or whatever a broken connection raises
+        return (
+            f"its head node did not answer within {KV_TIMEOUT_S:g} s ({type(exc).__name__}: {exc})"
+        )
+    return None
+
+
+def describe_loss(error: BaseException) -> str:
+    """Why Ray says an actor (or its reply) was lost, in a sentence: node lost, killed,
+    out of memory, or its process died (Ray does not say whether it crashed or was
+    killed: ``exitcode`` is unknown)."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # Ray's own sentence (after the actor's id, pid and address lines), if it has one.
+    said = next((line for line in lines if line.startswith("The actor ") and "because" in line), "")
+    kind = type(error).__name__
+    if "node has died" in text or "node was terminated" in text:
+        why = "its node was lost (Ray marked the node dead)"
+    elif "ray.kill" in text:
+        why = "it was killed with ray.kill()"
+    elif "memory" in text.lower() and "OOM" in text:
+        why = "Ray's memory monitor killed it: its node ran low on memory"
+    elif kind == "ActorUnavailableError":
+        why = "Ray could not reach it any more"
+    elif kind.startswith("Object"):
+        why = "its reply was lost before it reached this process (its node was lost?)"
+    else:
+        why = (
+            "its process died (Ray does not say how: a crash in native code, os._exit(), "
+            "or a kill from outside such as the OOM killer; the worker's log on its node "
+            "has the signal)"
+        )
+    detail = said or (lines[0] if lines else kind)
+    return f"{why}. Ray: {kind}: {detail}"
+
+
+def is_startup_failure(error: BaseException) -> bool:
+    """The actor could not be created at all (its runtime environment, its placement):
+    a replacement would fail alike, so it is a start-up error, not a death."""
+    kinds = {"RuntimeEnvSetupError", "ActorUnschedulableError", "ActorPlacementGroupRemoved"}
+    if any(cls.__name__ in kinds for cls in type(error).__mro__):
+        return True
+    return bool(getattr(error, "actor_init_failed", False))
+
+
+class TraceBoard:
+    """A small side channel that survives a worker and its node: the cluster's key-value
+    store (on the head node). A traced task (a retry after a death) writes the position
+    of the sample it is about to fetch there, so that if its worker dies again, even
+    with its node, the driver still learns which sample it was at. Untraced tasks write
+    nothing (the driver infers which task ran from the order it sent them)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def key(self, worker_id: int) -> bytes:
+        return f"{self.prefix}/{worker_id}".encode()
+
+    @staticmethod
+    def write(key: bytes, epoch: int, seq: int, position: int) -> None:
+        """In the worker: best effort (a trace that cannot be written names no sample)."""
+        value = f"{epoch} {seq} {position}".encode()
+        with contextlib.suppress(Exception):
+            _gcs().internal_kv_put(key, value, True, _NAMESPACE, timeout=KV_TIMEOUT_S)
+
+    def read(self, worker_id: int) -> tuple[int, int, int] | None:
+        """In the driver: (epoch, seq, position) last written by that worker, if any."""
+        try:
+            value = _gcs().internal_kv_get(self.key(worker_id), _NAMESPACE, timeout=KV_TIMEOUT_S)
+            epoch, seq, position = (int(part) for part in value.split())
+        except Exception:
+            return None
+        return epoch, seq, position
+
+    def clear(self) -> None:
+        with contextlib.suppress(Exception):  # gone with the cluster, or never written
+            _gcs().internal_kv_del(self.prefix.encode(), True, _NAMESPACE, timeout=KV_TIMEOUT_S)
