@@ -1023,3 +1023,45 @@ def thread_cases() -> list[Any]:
 @pytest.mark.parametrize("case", thread_cases())
 def test_thread_workers_give_torchs_batches(case: Case) -> None:
     check_parity(case)
+
+
+# --- Ray workers ---------------------------------------------------------------------
+
+# A subset of the table, each axis once (Ray workers start actors: ~1 s a case). They own
+# their processes, so datasets drawing from the process-wide generators are in.
+RAY_SUBSET = (
+    "bs3-drop1-w2", "nested-bs3-w2", "dtypes-bsNone-w1", "collate-numpy-w2", "getitems-w2",
+    "worker-init-reseed-w2", "shuffle-generator-w2", "conveyor-info-sharded-bs5-drop-w3",
+    "empty-shard-w3", "random-prefetch1-w3-bsNone", "unordered-shuffle-w2",
+    "persistent-break-epoch1-w3-prefetch1",
+)  # fmt: skip
+
+
+def ray_cases() -> list[Any]:
+    """:data:`RAY_SUBSET` with conveyor's workers as Ray actors (tests/remote runs them on a
+    cluster of several nodes)."""
+    table = [
+        *batch_size_cases(),
+        *sample_type_cases(),
+        *collate_cases(),
+        *dataset_type_cases(),
+        *sampler_cases(),
+        *iterable_cases(),
+        *worker_cases(),
+        *epoch_cases(),
+    ]
+    chosen = []
+    for param in table:
+        if param.id not in RAY_SUBSET:
+            continue
+        (original,) = param.values
+
+        def kwargs(side: str, original: Case = original) -> dict[str, Any]:
+            extra = {"worker_method": "ray"} if side == "conveyor" else {}
+            return {**original.kwargs(side), **extra}
+
+        remote = Case(original.dataset, kwargs, original.conveyor_dataset, original.epochs,
+                      original.stop_after)  # fmt: skip
+        chosen.append(pytest.param(remote, id=f"ray-{param.id}", marks=param.marks))
+    assert len(chosen) == len(RAY_SUBSET), "a RAY_SUBSET id is not in the table"
+    return chosen

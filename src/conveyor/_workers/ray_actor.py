@@ -5,19 +5,18 @@ them, so the actor is the core's inbox and each call's return value its outbox. 
 owns its process, as a process worker does: the core seeds the process's generators as
 torch's workers are seeded and makes torch use one thread. Like a spawned worker it
 defers importing torch until the user's objects or a batch need it (the driver then
-makes the tensors). Nothing it does raises into Ray: what goes wrong in the user's code
-comes back as a value, with its stage (see core.py).
+makes the tensors): importing it costs each actor seconds (see
+ray_cluster.actor_class). Nothing it does raises into Ray: what goes wrong in the
+user's code comes back as a value, with its stage (see core.py).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 from typing import Any
 
 import numpy as np
 
-from .. import _torch
 from .._transport.object_store import ObjectStoreEncoder
 from .core import WorkerCore, WorkerSpec
 from .protocol import MainMessage, Ready, Stage, StartupFailed
@@ -64,7 +63,6 @@ class ConveyorWorker:
 
     def start(self) -> Ready | StartupFailed:
         """Load the user's objects, seed, run worker_init_fn: the core's first message."""
-        os.environ.setdefault(_torch.DEFER_ENV, "1")
         try:
             user = pickle.loads(self._user.data)  # the store's memory, in place
         except BaseException as exc:

@@ -17,6 +17,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from .._torch import DEFER_ENV
 from ..errors import ConfigError, MissingDependencyError
 
 __all__ = [
@@ -70,9 +71,16 @@ def connect() -> Any:
 
 def actor_class(worker_class: type, options: Mapping[str, Any] | None) -> Any:
     """``worker_class`` as a Ray actor class with conveyor's options and the user's
-    ``worker_options`` over them; an option Ray refuses is a ConfigError naming it."""
+    ``worker_options`` over them; an option Ray refuses is a ConfigError naming it.
+
+    The actors defer importing torch, as spawned workers do (see conveyor._torch): it
+    must be said in their environment, before they import conveyor, so it goes in their
+    runtime environment's variables (Ray merges those with the job's)."""
     ray = ray_module()
     merged = {**_ACTOR_DEFAULTS, **(options or {})}
+    runtime_env = dict(merged.get("runtime_env") or {})
+    runtime_env["env_vars"] = {DEFER_ENV: "1", **(runtime_env.get("env_vars") or {})}
+    merged["runtime_env"] = runtime_env
     try:
         return ray.remote(worker_class).options(**merged)
     except (ValueError, TypeError) as exc:

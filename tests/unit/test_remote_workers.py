@@ -1,0 +1,239 @@
+"""Ray workers' parts that need no cluster: options and their errors at construction,
+Ray missing, how the driver reads a worker's status from the calls it made, how a
+lost actor is described, and batches through the object store's transport (with Ray's
+read-only arrays standing in as read-only NumPy arrays). Runs without Ray installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conveyor import ConfigError, DataLoader, MissingDependencyError
+from conveyor._iter.book import Restart, TaskBook
+from conveyor._transport.object_store import ObjectStoreBatch, ObjectStoreEncoder, StorePayload
+from conveyor._workers import ray_cluster
+from conveyor._workers.events import Died
+from conveyor._workers.protocol import Stage, Task
+from conveyor._workers.ray_pool import _Remote
+from conveyor._workers.status import WorkerStatus
+from conveyor.config import SupervisionPolicy
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+# --- at construction ----------------------------------------------------------------------
+
+
+def test_without_ray_the_loader_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    with pytest.raises(MissingDependencyError, match=r"pip install 'ray==2\.60\.0'") as caught:
+        DataLoader(range(4), num_workers=2, worker_method="ray")
+    assert isinstance(caught.value, ImportError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"worker_options": {"num_cpus": 2}}, "need worker_method='ray'"),
+        ({"worker_method": "ray", "worker_options": {"max_restarts": 2}}, "max_worker_restarts"),
+        ({"worker_method": "ray", "worker_options": {"max_concurrency": 4}}, "one at a time"),
+        ({"worker_method": "ray", "worker_options": [("num_cpus", 1)]}, "a mapping"),
+        ({"worker_method": "ray", "multiprocessing_context": "spawn"}, "Ray starts"),
+        ({"worker_method": "rays"}, "'ray' in an actor on a Ray cluster"),
+    ],
+    ids=["options-without-ray", "max-restarts", "concurrency", "not-a-mapping", "context", "typo"],
+)
+def test_bad_worker_options_are_refused_at_construction(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    if kwargs.get("worker_method") == "ray" and not HAS_RAY:
+        pytest.skip("Ray missing is refused first")
+    with pytest.raises(ConfigError, match=match):
+        DataLoader(range(4), num_workers=2, **kwargs)
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="needs Ray installed (not a cluster)")
+def test_options_ray_refuses_are_a_config_error_naming_them() -> None:
+    with pytest.raises(ConfigError, match="num_cpus.*Ray refused them"):
+        ray_cluster.actor_class(object, {"num_cpus": "two"})
+
+
+# --- the status the driver reads from its calls ---------------------------------------------
+
+
+def _task(seq: int, trace: bool = False) -> Task:
+    return Task(0, seq, [2 * seq, 2 * seq + 1], trace=trace)
+
+
+def test_a_worker_not_started_is_starting_since_its_actor_was_made() -> None:
+    remote = _Remote(0, actor=None, now=10.0)
+    assert remote.status(12.5) == WorkerStatus(-1, -1, Stage.STARTUP, -1, 2.5)
+
+
+def test_the_running_task_is_the_oldest_unanswered_since_it_could_begin() -> None:
+    """An actor runs its calls in order: its first unanswered task runs, since it was
+    sent or since the one before it answered, whichever came last."""
+    from conveyor._workers.ray_pool import _Call
+
+    remote = _Remote(0, actor=None, now=0.0)
+    remote.started, remote.last_reply_at = True, 5.0
+    assert remote.status(7.0) == WorkerStatus(-1, -1, None, -1, 2.0)  # idle for 2 s
+    remote.calls.extend([_Call("a", _task(3), sent_at=4.0), _Call("b", _task(4), 4.5)])
+    assert remote.status(9.0) == WorkerStatus(0, 3, Stage.FETCH, -1, 4.0)  # since 5.0
+    remote.last_reply_at = 3.0
+    assert remote.status(9.0).age_s == 5.0  # since it was sent
+
+
+def test_a_traced_task_names_its_sample_from_the_trace_board() -> None:
+    from conveyor._workers.ray_pool import _Call
+
+    remote = _Remote(0, actor=None, now=0.0)
+    remote.started = True
+    remote.calls.append(_Call("a", _task(3, trace=True), sent_at=1.0))
+    assert remote.status(2.0, trace=(0, 3, 1)).position == 1
+    assert remote.status(2.0, trace=(0, 2, 1)).position == -1  # another task's trace
+    assert remote.status(2.0, trace=None).position == -1
+
+
+# --- a lost actor, in words -------------------------------------------------------------------
+
+
+def _ray_error(kind: str, text: str) -> BaseException:
+    return type(kind, (Exception,), {})(text)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "said"),
+    [
+        (
+            "ActorDiedError",
+            "The actor died unexpectedly before finishing this task.\n\tpid: 7\n"
+            "The actor died because its node has died. Node Id: abc",
+            "its node was lost",
+        ),
+        (
+            "ActorDiedError",
+            "The actor died unexpectedly.\nThe actor is dead because it was killed by `ray.kill`.",
+            "killed with ray.kill()",
+        ),
+        (
+            "ActorDiedError",
+            "The actor died unexpectedly.\nThe actor is dead because its worker process has "
+            "died. Worker exit type: SYSTEM_ERROR",
+            "its process died (Ray does not say how",
+        ),
+        ("ActorUnavailableError", "The actor abc is unavailable: RpcError", "could not reach"),
+        ("ObjectLostError", "Failed to retrieve object", "reply was lost"),
+    ],
+    ids=["node", "ray-kill", "process", "unavailable", "object-lost"],
+)
+def test_a_lost_actor_is_described_with_rays_own_sentence(kind: str, text: str, said: str) -> None:
+    words = ray_cluster.describe_loss(_ray_error(kind, text))
+    assert said in words and f"Ray: {kind}: " in words
+    if "because" in text:
+        assert text.splitlines()[-1].strip() in words
+
+
+def test_an_actor_that_cannot_be_made_is_a_start_up_failure_not_a_death() -> None:
+    assert ray_cluster.is_startup_failure(_ray_error("RuntimeEnvSetupError", "pip failed"))
+    init = _ray_error("ActorDiedError", "creation task")
+    init.actor_init_failed = True  # type: ignore[attr-defined]
+    assert ray_cluster.is_startup_failure(init)
+    assert not ray_cluster.is_startup_failure(_ray_error("ActorDiedError", "node died"))
+
+
+def test_a_death_of_unknown_end_is_weak_evidence_as_a_kill_from_outside() -> None:
+    """A single-sample task whose Ray worker died three times, twice alone: then it is
+    the sample's doing (a death of its own would take two, one alone); Ray's words are
+    the report's."""
+    book = TaskBook(
+        num_workers=1,
+        prefetch=1,
+        in_order=True,
+        iterable=False,
+        auto_collation=True,
+        policy=SupervisionPolicy(on_error="skip", max_worker_restarts=9),
+        skipped=[],
+        timeout=0,
+        forked=False,
+        now=0.0,
+    )
+    book.start_epoch(0, 1, 0.0)
+    book.on_ready(0)
+    book.add(0, [5], 0.0)
+    status = WorkerStatus(0, 0, Stage.FETCH, -1, 0.1)
+    death = Died(0, 42, None, status, cause="its node was lost. Ray: ActorDiedError: gone")
+    first = book.on_death(death, 1.0)
+    assert isinstance(first, Restart) and "its node was lost" in first.report
+    assert "still running" not in first.report
+    second = book.on_death(death, 2.0)
+    assert isinstance(second, Restart) and "restart 2 of 9" in second.report
+    book.on_death(death, 3.0)
+    assert [s.index for s in book.skips.records] == []  # recorded when handed out
+    assert book.tasks[0].exclude == (5,)  # proven: left out, the task settles empty
+
+
+# --- batches through the object store ------------------------------------------------------
+
+
+def _as_ray_returns_it(payload: StorePayload) -> StorePayload:
+    """Ray hands the arrays out as read-only views of its store's memory."""
+    buffers = []
+    for b in payload.buffers:
+        copy = b.copy()
+        copy.flags.writeable = False
+        buffers.append(copy)
+    return StorePayload(payload.meta, tuple(buffers))
+
+
+def test_a_batch_of_arrays_comes_back_writable_without_a_copy() -> None:
+    encoder = ObjectStoreEncoder()
+    batch = {"image": np.arange(24, dtype=np.uint8).reshape(2, 3, 4), "label": np.array([1, 2])}
+    payload = _as_ray_returns_it(encoder.encode(batch))
+    handle = ObjectStoreBatch(payload)
+    assert handle.nbytes == len(payload.meta) + 24 + 16
+    got = handle.open()
+    assert got["image"].tolist() == batch["image"].tolist() and got["label"].tolist() == [1, 2]
+    assert got["image"].flags.writeable
+    store = payload.buffers[0]
+    assert got["image"].__array_interface__["data"][0] == store.ctypes.data  # in place
+    got["image"][0, 0, 0] = 99
+    assert store[0] == 99  # the same memory
+
+
+def test_tensors_come_back_as_writable_tensors_without_a_warning() -> None:
+    torch = pytest.importorskip("torch")
+    encoder = ObjectStoreEncoder()
+    batch = [torch.arange(6).reshape(2, 3), torch.ones(2, dtype=torch.bool)]
+    handle = ObjectStoreBatch(_as_ray_returns_it(encoder.encode(batch)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = handle.open()
+        got[0] += 1
+    assert got[0].tolist() == [[1, 2, 3], [4, 5, 6]] and got[1].tolist() == [True, True]
+
+
+def test_numpy_leaves_standing_for_tensors_become_tensors_in_the_driver() -> None:
+    """A worker that deferred torch sends NumPy arrays marked as tensors."""
+    torch = pytest.importorskip("torch")
+    encoder = ObjectStoreEncoder()
+    encoder.arrays_as_tensors = True
+    handle = ObjectStoreBatch(_as_ray_returns_it(encoder.encode([np.ones(3, np.float32)])))
+    (tensor,) = handle.open()
+    assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+
+
+def test_an_empty_array_and_a_batch_without_arrays_travel_too() -> None:
+    encoder = ObjectStoreEncoder()
+    payload = _as_ray_returns_it(encoder.encode({"empty": np.zeros(0), "names": ["a", "b"]}))
+    got = ObjectStoreBatch(payload).open()
+    assert got["empty"].shape == (0,) and got["names"] == ["a", "b"]
+    assert pickle.loads(pickle.dumps(payload)).meta == payload.meta  # Ray pickles it
