@@ -39,7 +39,8 @@ class LocalCluster:
         return node
 
     def remove_node(self, node: Any) -> list[psutil.Process]:
-        """Kill the node's processes (as a machine lost would), and return them."""
+        """Lose a node as a machine is lost: every process on it killed at once (its
+        workers too, which Ray would let run on for a while after their raylet)."""
         self.processes()  # note its workers first
         procs = []
         for infos in node.all_processes.values():
@@ -47,6 +48,9 @@ class LocalCluster:
                 with contextlib.suppress(psutil.Error):
                     proc = psutil.Process(info.process.pid)
                     procs += [proc, *proc.children(recursive=True)]
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         self.cluster.remove_node(node, allow_graceful=False)
         return procs
 

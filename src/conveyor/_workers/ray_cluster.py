@@ -124,7 +124,7 @@ def describe_loss(error: BaseException) -> str:
         why = "its node was lost (Ray marked the node dead)"
     elif "ray.kill" in text:
         why = "it was killed with ray.kill()"
-    elif "memory" in text.lower() and "OOM" in text:
+    elif "running low on memory" in text:
         why = "Ray's memory monitor killed it: its node ran low on memory"
     elif kind == "ActorUnavailableError":
         why = "Ray could not reach it any more"

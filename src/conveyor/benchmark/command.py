@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from conveyor.benchmark.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor.benchmark.report import render, write_json
 from conveyor.benchmark.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
-from conveyor.benchmark.specs import QUICK_WORKLOADS, WORKLOADS
+from conveyor.benchmark.specs import DEFAULT_WORKLOADS, QUICK_WORKLOADS, WORKLOADS
 
 from .._argtypes import positive_int
 
@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_workload_list,
         default=None,
         metavar="NAME[,NAME...]",
-        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all; with --quick "
-        f"all but {', '.join(name for name in WORKLOADS if name not in QUICK_WORKLOADS)})",
+        help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all but "
+        f"{', '.join(n for n in WORKLOADS if n not in DEFAULT_WORKLOADS)}; with --quick "
+        f"also but {', '.join(n for n in DEFAULT_WORKLOADS if n not in QUICK_WORKLOADS)})",
     )
     parser.add_argument(
         "--loaders",
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     repeat = args.repeat or (1 if args.quick else DEFAULT_ROUNDS)
     options = BenchOptions(
-        workloads=args.workloads or (QUICK_WORKLOADS if args.quick else tuple(WORKLOADS)),
+        workloads=args.workloads or (QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS),
         quick=args.quick,
         repeat=repeat,
         start_method=args.start_method,

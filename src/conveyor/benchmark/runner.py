@@ -8,6 +8,7 @@ and the benchmark goes on.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import multiprocessing
@@ -46,7 +47,7 @@ from conveyor.benchmark.rows import (
     Row,
     RowKind,
 )
-from conveyor.benchmark.specs import WORKLOADS, WorkloadSpec
+from conveyor.benchmark.specs import DEFAULT_WORKLOADS, WORKLOADS, WorkloadSpec
 from conveyor.benchmark.workloads import MapDataset
 
 __all__ = [
@@ -78,7 +79,7 @@ Factories = dict[str, LoaderFactory]
 class BenchOptions:
     """What to run; validated on creation."""
 
-    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     quick: bool = False
     repeat: int = 3
     start_method: str | None = None
@@ -270,6 +271,8 @@ def _run_row(
 def _run_workload(
     spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
 ) -> list[Row]:
+    if spec.kind == "ray":
+        return _run_remote(spec, options, loaders, progress)
     methods = _row_methods(spec, options)
     method = methods[0] if methods else None
     window = spec.window(options.quick, options.seconds)
@@ -392,6 +395,33 @@ def _run_workload(
             }
             run(row, reference, throughput)
     annotate(spec, rows)
+    return rows
+
+
+def _run_remote(
+    spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
+) -> list[Row]:
+    """The ``ray`` workload's rows (benchmark/remote.py), or one saying why it was skipped."""
+    from conveyor.benchmark import remote
+
+    why = remote.skipped(options.stand_in_torch or "conveyor" not in loaders.classes)
+    if why is not None:
+        progress(f"[{spec.name}] skipped: {why}")
+        return [Row(spec.name, "Ray workers", "throughput", notes=[f"skipped: {why}"])]
+    window = spec.window(options.quick, options.seconds)
+
+    def run(config: str, factories: Factories) -> Row:
+        row = Row(spec.name, config, "throughput")
+        measure = functools.partial(remote.measure_remote, window=window)
+        _run_row(row, factories, measure, options.repeat, progress)
+        return row
+
+    try:
+        rows = remote.run_remote_rows(spec, window, loaders.classes["conveyor"], run, options)
+    except Exception as exc:  # no Pillow, or Ray would not start: the row says why
+        progress(f"[{spec.name}] FAILED: {_failure(exc)}")
+        return [Row(spec.name, "Ray workers", "throughput", errors={"conveyor": _failure(exc)})]
+    annotate(spec, rows)  # leftover processes, failures
     return rows
 
 

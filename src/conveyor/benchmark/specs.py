@@ -23,7 +23,7 @@ from conveyor.benchmark.workloads import (
     pad_collate,
 )
 
-Kind = Literal["throughput", "startup", "epochs", "train"]
+Kind = Literal["throughput", "startup", "epochs", "train", "ray"]
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,10 @@ class WorkloadSpec:
     # A worker's own limit (samples/s it can give: one over a sample's wait), for the
     # share of the ideal each row reaches whatever its worker count.
     per_worker_ideal: float | None = None
+    by_default: bool = True  # run without --workloads (ray: only when named)
 
     def __post_init__(self) -> None:
-        timed = self.kind in ("throughput", "epochs", "train")
+        timed = self.kind in ("throughput", "epochs", "train", "ray")
         if timed and not 1 <= self.min_batches <= self.max_batches:
             raise ValueError(
                 f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
@@ -360,6 +361,22 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             quick_start_methods=("fork",),
             fixed_length=10 * 256,
         ),
+        WorkloadSpec(
+            name="ray",
+            summary="Ray workers against process workers on this machine: decode's cost per "
+            "batch through Ray, image batches' MB/s through the object store (needs ray and "
+            "Pillow; starts a local Ray cluster; run only when named)",
+            kind="ray",
+            make_dataset=_decode_dataset,  # and image batches (benchmark/remote.py)
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=400,
+            quick_batches=4,
+            warmup=3,
+            by_default=False,
+        ),
     )
 }
-QUICK_WORKLOADS = tuple(name for name, spec in WORKLOADS.items() if spec.in_quick)
+DEFAULT_WORKLOADS = tuple(name for name, spec in WORKLOADS.items() if spec.by_default)
+QUICK_WORKLOADS = tuple(n for n, spec in WORKLOADS.items() if spec.in_quick and spec.by_default)
