@@ -159,7 +159,10 @@ def test_augmentations_are_the_same_as_with_process_workers(
     worker as torch seeds them, or batch by batch with reseed="batch"."""
 
     def draws(**kwargs: Any) -> list[Any]:
-        loader = DataLoader(ds.Draws(), batch_size=4, num_workers=2, reseed=reseed, **kwargs)
+        seed = torch.Generator().manual_seed(5)  # the base seed, drawn as torch draws it
+        loader = DataLoader(
+            ds.Draws(), batch_size=4, num_workers=2, reseed=reseed, generator=seed, **kwargs
+        )
         return [plain(b) for b in loader]
 
     processes = draws(multiprocessing_context="fork", preflight=False)  # see _FORK
