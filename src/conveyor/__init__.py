@@ -9,6 +9,7 @@ from .diagnostics.findings import Finding, Report, Severity
 from .diagnostics.preflight import check
 from .errors import (
     BatchesHeldWarning,
+    ClusterCapacityWarning,
     ClusterLostError,
     CollateError,
     ConfigError,
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSampler",
     "BatchesHeldWarning",
+    "ClusterCapacityWarning",
     "ClusterLostError",
     "CollateError",
     "ConfigError",

@@ -36,6 +36,7 @@ Warnings (the loader keeps going)::
     ├── WorkerStallWarning                    a task runs far longer than usual: its stack
     ├── BatchesHeldWarning                    the user holds every shared-memory slot: copying now
     ├── PreflightWarning                      a hazard found before the workers started: the fix
+    ├── ClusterCapacityWarning                Ray workers the whole cluster cannot hold: they wait
     ├── DuplicateDataWarning                  every rank, or every worker, would see the same data
     └── LoaderReplacedWarning                 accelerate's prepare() puts torch's loader in
                                               place of conveyor's: the one-line fix
@@ -58,6 +59,7 @@ from typing import Any
 
 __all__ = [
     "BatchesHeldWarning",
+    "ClusterCapacityWarning",
     "ClusterLostError",
     "CollateError",
     "CollateKeyError",
@@ -113,6 +115,12 @@ class PreflightWarning(ConveyorWarning):
     """
 
     finding: Any = None  # the conveyor.Finding: code, severity, where, what, why, fix
+
+
+class ClusterCapacityWarning(ConveyorWarning):
+    """Ray workers ask for more than the whole cluster has (CPUs, custom resources):
+    those that do not fit wait until nodes join. The message says what each asks for,
+    what the cluster has, and what to change."""
 
 
 class DuplicateDataWarning(ConveyorWarning):

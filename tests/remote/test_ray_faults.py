@@ -21,6 +21,7 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from conveyor import (
+    ClusterCapacityWarning,
     DataLoader,
     WorkerRestartedWarning,
     WorkerTimeoutError,
@@ -121,8 +122,13 @@ def test_a_sample_that_crashes_its_worker_is_proven_and_left_out(cluster: LocalC
 def test_a_worker_the_cluster_cannot_place_times_out_instead_of_hanging(
     cluster: LocalCluster,
 ) -> None:
+    """No node has what the workers ask for: a warning at iter() says so, and the
+    timeout ends the wait Ray would make."""
     options = {"num_cpus": 0.5, "resources": {"a_resource_no_node_has": 1}}
-    with pytest.raises(WorkerTimeoutError, match="start-up"):
+    with (
+        pytest.warns(ClusterCapacityWarning, match="2 of the DataLoader's 2 Ray workers"),
+        pytest.raises(WorkerTimeoutError, match="start-up"),
+    ):
         iter(_loader(ds.Where(6), worker_options=options, timeout=3))
 
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +29,7 @@ from . import datasets as ds  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore:This DataLoader")]
 
+ROOT = Path(__file__).resolve().parents[2]
 HEAD_CPUS = 1
 NODES = [{"num_cpus": 2}]  # a second node: the driver's node and another
 
@@ -216,3 +221,24 @@ def test_a_state_moves_from_ray_to_processes_and_back_exactly(cluster: LocalClus
 @pytest.mark.parametrize("case", ray_cases())
 def test_ray_workers_give_torchs_batches(cluster: LocalCluster, case: Case) -> None:
     check_parity(case)
+
+
+# --- the docs -----------------------------------------------------------------------------
+
+
+def test_the_lightning_example_of_the_docs_trains(cluster: LocalCluster, tmp_path: Path) -> None:
+    """docs/ray.md's Lightning example, as written, in a process of its own (its
+    ``ray.init()`` finds this cluster, as it would find one started on the machine)."""
+    pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
+    page = (ROOT / "docs" / "ray.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "lightning" in b]
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "`Trainer.fit` stopped: `max_epochs=2` reached." in output

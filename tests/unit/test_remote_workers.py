@@ -51,9 +51,7 @@ def test_without_ray_the_loader_says_what_to_install(monkeypatch: pytest.MonkeyP
     ],
     ids=["options-without-ray", "max-restarts", "concurrency", "not-a-mapping", "context", "typo"],
 )
-def test_bad_worker_options_are_refused_at_construction(
-    kwargs: dict[str, Any], match: str
-) -> None:
+def test_bad_worker_options_are_refused_at_construction(kwargs: dict[str, Any], match: str) -> None:
     if kwargs.get("worker_method") == "ray" and not HAS_RAY:
         pytest.skip("Ray missing is refused first")
     with pytest.raises(ConfigError, match=match):
@@ -62,8 +60,40 @@ def test_bad_worker_options_are_refused_at_construction(
 
 @pytest.mark.skipif(not HAS_RAY, reason="needs Ray installed (not a cluster)")
 def test_options_ray_refuses_are_a_config_error_naming_them() -> None:
-    with pytest.raises(ConfigError, match="num_cpus.*Ray refused them"):
+    with pytest.raises(ConfigError, match=r"num_cpus.*Ray refused them"):
         ray_cluster.actor_class(object, {"num_cpus": "two"})
+
+
+class _FakeRay:
+    """Stands in for the ray module: a cluster of 3 CPUs and 2 "decode" slots."""
+
+    @staticmethod
+    def cluster_resources() -> dict[str, float]:
+        return {"CPU": 3.0, "decode": 2.0, "memory": 1e9}
+
+
+@pytest.mark.parametrize(
+    ("options", "workers", "said"),
+    [
+        (None, 3, None),
+        (None, 4, "1 of the DataLoader's 4 Ray workers cannot be placed: each asks for "
+         "{'CPU': 1.0}, and the whole cluster has {'CPU': 3.0}"),
+        ({"num_cpus": 0.5}, 6, None),
+        ({"num_cpus": 0, "resources": {"decode": 1}}, 3, "1 of the DataLoader's 3"),
+        ({"resources": {"gpu_box": 1}}, 2, "2 of the DataLoader's 2"),
+        ({"placement_group": object()}, 9, None),  # Ray's to place
+    ],
+    ids=["fits", "one-cpu-short", "halves", "custom-resource", "nowhere", "placement-group"],
+)  # fmt: skip
+def test_workers_the_whole_cluster_cannot_hold_are_named(
+    monkeypatch: pytest.MonkeyPatch, options: Any, workers: int, said: str | None
+) -> None:
+    monkeypatch.setattr(ray_cluster, "ray_module", lambda: _FakeRay)
+    found = ray_cluster.shortfall(options, workers)
+    if said is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(said)
 
 
 # --- the status the driver reads from its calls ---------------------------------------------

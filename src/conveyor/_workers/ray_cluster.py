@@ -89,6 +89,32 @@ def actor_class(worker_class: type, options: Mapping[str, Any] | None) -> Any:
         ) from exc
 
 
+def shortfall(options: Mapping[str, Any] | None, num_workers: int) -> str | None:
+    """What is wrong, in words, if ``num_workers`` actors with these options ask for more
+    than the whole cluster has (its alive nodes' totals; a placement group is left to
+    Ray); None if they fit."""
+    merged = {**_ACTOR_DEFAULTS, **(options or {})}
+    strategy = type(merged.get("scheduling_strategy")).__name__
+    if merged.get("placement_group") is not None or "PlacementGroup" in strategy:
+        return None
+    each = {"CPU": merged.get("num_cpus") or 0, "GPU": merged.get("num_gpus") or 0}
+    each.update(merged.get("resources") or {})
+    each = {name: float(amount) for name, amount in each.items() if amount}
+    if not each:
+        return None
+    total = ray_module().cluster_resources()
+    fit = min(int(total.get(name, 0.0) // amount) for name, amount in each.items())
+    if fit >= num_workers:
+        return None
+    has = {name: total.get(name, 0.0) for name in each}
+    return (
+        f"{num_workers - fit} of the DataLoader's {num_workers} Ray workers cannot be placed: "
+        f"each asks for {each}, and the whole cluster has {has}. They wait until nodes "
+        "join (an autoscaler); without one, lower num_workers, or ask for less per worker "
+        "(worker_options={'num_cpus': ...}). timeout= bounds the wait."
+    )
+
+
 def _gcs() -> Any:
     return importlib.import_module("ray.experimental.internal_kv").internal_kv_get_gcs_client()
 

@@ -29,6 +29,7 @@ import contextlib
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ import numpy as np
 
 from .._transport.object_store import ObjectStoreBatch, StorePayload
 from ..config import StartMethod
-from ..errors import ClusterLostError
+from ..errors import ClusterCapacityWarning, ClusterLostError
 from . import ray_cluster
 from .api import Abilities
 from .core import UserObjects, WorkerSpec
@@ -111,6 +112,9 @@ class RayPool:
         blob = serialize_for_cluster(user)  # before connecting: a failure costs nothing
         self._ray = ray_cluster.connect()
         self._actor_class = ray_cluster.actor_class(ConveyorWorker, options)
+        short = ray_cluster.shortfall(options, len(self._specs))
+        if short is not None:  # Ray would make them wait, silently
+            warnings.warn(short, ClusterCapacityWarning, stacklevel=5)  # the user's iter()
         self._board = ray_cluster.TraceBoard(f"trace/{uuid.uuid4().hex}")
         # Once for every worker and replacement, read in place by each (bytes would be
         # copied into each actor's memory).
