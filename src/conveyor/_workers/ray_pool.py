@@ -172,6 +172,8 @@ class RayPool:
             self._check_cluster()
 
     def _ready(self, timeout: float) -> set[Any]:
+        if not self._ray.is_initialized():  # Ray's calls would start a new local Ray
+            self._check_cluster()
         refs = list(self._waiting)
         if not refs:  # nothing out (the loop asks only for a deadline): just the wait
             threading.Event().wait(timeout)
@@ -294,9 +296,9 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
-        if self._cluster_lost or not self._workers:
-            return
         ray = self._ray
+        if self._cluster_lost or not self._workers or not ray.is_initialized():
+            return  # the actors went with the cluster, or with this process's Ray session
         with contextlib.suppress(Exception):
             live = [r for r in self._workers if not r.lost]
             for remote in live:
