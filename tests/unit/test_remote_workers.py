@@ -267,3 +267,51 @@ def test_an_empty_array_and_a_batch_without_arrays_travel_too() -> None:
     got = ObjectStoreBatch(payload).open()
     assert got["empty"].shape == (0,) and got["names"] == ["a", "b"]
     assert pickle.loads(pickle.dumps(payload)).meta == payload.meta  # Ray pickles it
+
+
+# --- a cluster that stops answering -------------------------------------------------------
+
+
+class _SilentRay:
+    """A Ray whose replies never come (its head node is gone)."""
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def wait(
+        self, refs: list[Any], num_returns: int, timeout: float
+    ) -> tuple[list[Any], list[Any]]:
+        return [], refs
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def _silent_pool(heard_ago: float) -> tuple[Any, _SilentRay]:
+    import time
+
+    from conveyor._workers.ray_pool import RayPool
+
+    ray = _SilentRay()
+    pool = object.__new__(RayPool)  # no cluster: only what wait() reads
+    pool._ray, pool._waiting, pool._cluster_lost = ray, {"reply": None}, False
+    pool._heard_at = time.monotonic() - heard_ago
+    return pool, ray
+
+
+def test_the_head_is_asked_once_nothing_came_for_a_while_however_short_the_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from conveyor import ClusterLostError
+    from conveyor._workers import ray_pool
+
+    monkeypatch.setattr(ray_cluster, "unreachable", lambda: "its head node did not answer")
+    pool, _ = _silent_pool(heard_ago=0.0)
+    assert pool.wait(0.0) == []  # heard from just now: not asked yet
+    pool, ray = _silent_pool(heard_ago=ray_pool.PROBE_EVERY_S)
+    with pytest.raises(ClusterLostError, match=r"its head node did not answer.*state_dict"):
+        pool.wait(0.0)  # a loop waking for its deadlines still finds out
+    assert ray.shut_down  # so that Ray does not end this process in a minute

@@ -109,6 +109,7 @@ class RayPool:
         self._specs = list(specs)
         self._workers: list[_Remote] = []
         self._waiting: dict[Any, _Remote] = {}  # reference -> the incarnation it is for
+        self._heard_at = time.monotonic()  # when a reply last came, or the head answered
         blob = serialize_for_cluster(user)  # before connecting: a failure costs nothing
         self._ray = ray_cluster.connect()
         self._actor_class = ray_cluster.actor_class(ConveyorWorker, options)
@@ -160,16 +161,22 @@ class RayPool:
 
     def wait(self, timeout: float | None) -> list[PoolEvent]:
         """Block until a worker answers or is lost, or ``timeout`` passes ([]).
-        Raises ClusterLostError when the cluster's head node no longer answers."""
+        Raises ClusterLostError when the cluster's head node no longer answers: asked
+        once nothing has come for PROBE_EVERY_S, however the loop slices its waits."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = PROBE_EVERY_S if end is None else max(0.0, end - time.monotonic())
-            ready = self._ready(min(left, PROBE_EVERY_S))
+            probe_at = self._heard_at + PROBE_EVERY_S
+            until = probe_at if end is None else min(end, probe_at)
+            ready = self._ready(max(0.0, until - time.monotonic()))
+            now = time.monotonic()
             if ready:
+                self._heard_at = now
                 return self._events(ready)
-            if end is not None and time.monotonic() >= end:
+            if now >= probe_at:
+                self._check_cluster()
+                self._heard_at = now
+            if end is not None and now >= end:
                 return []
-            self._check_cluster()
 
     def _ready(self, timeout: float) -> set[Any]:
         if not self._ray.is_initialized():  # Ray's calls would start a new local Ray
