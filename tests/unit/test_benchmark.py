@@ -22,6 +22,7 @@ from conveyor.benchmark import (
     Measurement,
     Row,
     render,
+    run_benchmark,
     runner,
     specs,
     workloads,
@@ -125,6 +126,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "startup": (32, 2, False),
         "epochs": (256, 2, False),
         "train": (64, 2, True),
+        "ray": (64, 2, True),
     }
     # The issue's targets (issue 24), printed beside the figures.
     assert WORKLOADS["cpu"].target_speedup == 1.9
@@ -138,9 +140,11 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    assert (
-        tuple(n for n in WORKLOADS if n not in ("decode", "big", "remote")) == specs.QUICK_WORKLOADS
+    assert tuple(n for n in WORKLOADS if n not in ("decode", "big", "remote", "ray")) == (
+        specs.QUICK_WORKLOADS
     )
+    # ray starts a Ray cluster: only when named (issue 27).
+    assert tuple(n for n in WORKLOADS if n != "ray") == specs.DEFAULT_WORKLOADS
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
     assert WORKLOADS["startup"].quick_start_methods == ("fork",)
@@ -149,6 +153,17 @@ def test_workloads_match_the_documented_settings() -> None:
     assert WORKLOADS["latency"].ideal_samples_per_s == pytest.approx(1600)
     assert WORKLOADS["train"].step_s == 0.005
     assert WORKLOADS["train"].ideal_samples_per_s == pytest.approx(64 / 0.005)
+
+
+def test_the_ray_workload_without_ray_says_so_on_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    report = run_benchmark(BenchOptions(workloads=("ray",), quick=True, repeat=1), progress=None)
+    (row,) = report.rows
+    assert row.workload == "ray" and row.notes == ["skipped: ray not installed"]
+    assert not row.runs
 
 
 # --- measurement and report ------------------------------------------------------------------

@@ -12,16 +12,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.helpers.tables import dispatch, loop
 
 from conveyor import ConfigError, DataLoader, MissingDependencyError
-from conveyor._iter.book import Restart, TaskBook
+from conveyor._iter.crashes import Restart
 from conveyor._transport.object_store import ObjectStoreBatch, ObjectStoreEncoder, StorePayload
 from conveyor._workers import ray_cluster
 from conveyor._workers.events import Died
 from conveyor._workers.protocol import Stage, Task
 from conveyor._workers.ray_pool import _Remote
 from conveyor._workers.status import WorkerStatus
-from conveyor.config import SupervisionPolicy
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
@@ -181,34 +181,23 @@ def test_an_actor_that_cannot_be_made_is_a_start_up_failure_not_a_death() -> Non
 
 
 def test_a_death_of_unknown_end_is_weak_evidence_as_a_kill_from_outside() -> None:
-    """A single-sample task whose Ray worker died three times, twice alone: then it is
-    the sample's doing (a death of its own would take two, one alone); Ray's words are
-    the report's."""
-    book = TaskBook(
-        num_workers=1,
-        prefetch=1,
-        in_order=True,
-        iterable=False,
-        auto_collation=True,
-        policy=SupervisionPolicy(on_error="skip", max_worker_restarts=9),
-        skipped=[],
-        timeout=0,
-        forked=False,
-        now=0.0,
-    )
-    book.start_epoch(0, 1, 0.0)
-    book.on_ready(0)
-    book.add(0, [5], 0.0)
-    status = WorkerStatus(0, 0, Stage.FETCH, -1, 0.1)
-    death = Died(0, 42, None, status, cause="its node was lost. Ray: ActorDiedError: gone")
-    first = book.on_death(death, 1.0)
-    assert isinstance(first, Restart) and "its node was lost" in first.report
-    assert "still running" not in first.report
-    second = book.on_death(death, 2.0)
-    assert isinstance(second, Restart) and "restart 2 of 9" in second.report
-    book.on_death(death, 3.0)
-    assert [s.index for s in book.skips.records] == []  # recorded when handed out
-    assert book.tasks[0].exclude == (5,)  # proven: left out, the task settles empty
+    """A single-sample task whose Ray worker died three times, the last two alone: then
+    it is the sample's doing (a death of its own would take two, one alone), recorded as
+    "killed", not proven poison for later epochs; Ray's words are the report's."""
+    world = loop(workers=1, prefetch=1, on_error="skip", max_worker_restarts=9)
+    dispatch(world.book, [[5]])
+    cause = "its node was lost. Ray: ActorDiedError: gone"
+    death = Died(0, 42, None, WorkerStatus(0, 0, Stage.FETCH, -1, 0.1), cause=cause)
+    reports = []
+    for now in (1.0, 2.0, 3.0):
+        decision = world.die(death, now)
+        assert isinstance(decision, Restart)
+        reports.append(decision.report)
+    assert all("its node was lost" in r and "still running" not in r for r in reports)
+    assert "restart 2 of 9" in reports[1]  # two deaths: not proven yet
+    assert "not counted against max_worker_restarts: the sample is the cause" in reports[2]
+    (note,) = world.book.tasks[0].left_out
+    assert (note.index, note.stage) == (5, "killed") and world.book.tasks[0].exclude == (5,)
 
 
 # --- batches through the object store ------------------------------------------------------
