@@ -48,14 +48,24 @@ def test_without_ray_the_loader_says_what_to_install(monkeypatch: pytest.MonkeyP
         ({"worker_method": "ray", "worker_options": [("num_cpus", 1)]}, "a mapping"),
         ({"worker_method": "ray", "multiprocessing_context": "spawn"}, "Ray starts"),
         ({"worker_method": "rays"}, "'ray' in an actor on a Ray cluster"),
+        ({"worker_method": "ray", "num_workers": "auto"}, "Give num_workers as a count"),
     ],
-    ids=["options-without-ray", "max-restarts", "concurrency", "not-a-mapping", "context", "typo"],
+    ids=[
+        "options-without-ray",
+        "max-restarts",
+        "concurrency",
+        "not-a-mapping",
+        "context",
+        "typo",
+        "auto",
+    ],
 )
 def test_bad_worker_options_are_refused_at_construction(kwargs: dict[str, Any], match: str) -> None:
     if kwargs.get("worker_method") == "ray" and not HAS_RAY:
         pytest.skip("Ray missing is refused first")
+    kwargs = {"num_workers": 2, **kwargs}
     with pytest.raises(ConfigError, match=match):
-        DataLoader(range(4), num_workers=2, **kwargs)
+        DataLoader(range(4), **kwargs)
 
 
 @pytest.mark.skipif(not HAS_RAY, reason="needs Ray installed (not a cluster)")

@@ -141,6 +141,13 @@ def auto_workers(num_workers: object, worker_method: str) -> Autotuner | None:
         if isinstance(num_workers, str):
             raise ConfigError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
         return None
+    if worker_method == "ray":
+        raise ConfigError(
+            "num_workers='auto' sizes the workers to this machine's CPUs; with "
+            "worker_method='ray' they run on the cluster's nodes. Give num_workers as a "
+            "count (the workers the loader may use there; worker_options={'num_cpus': ...} "
+            "sets each one's share)."
+        )
     from ..diagnostics.environment import cpus
 
     usable = cpus().usable
