@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,3 +25,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if "spawn" in callspec.params.values() or "spawn" in callspec.id.split("-"):
             item.add_marker(pytest.mark.slow)
+
+
+def _conveyor_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("conveyor-")}
+
+
+@pytest.fixture(autouse=True)
+def no_conveyor_thread_left() -> Iterator[None]:
+    """Fail a test after which a thread of conveyor's still runs: its loaders are gone, so
+    nothing needs it, and every later fork would copy a multi-threaded process.
+
+    This is the suite's check of conveyor's threads, on every Python. Python 3.12+ also
+    warns at a fork in a process with other threads, but not usefully here: pytest's
+    ``faulthandler_timeout`` watchdog is such a thread during every test, and under the
+    "error" filter CPython drops the warning, so it would surface only inside
+    ``pytest.warns`` blocks. pyproject.toml ignores it; tests/integration/test_fork_safety.py
+    checks it in a clean process.
+    """
+    before = _conveyor_threads()
+    yield
+    if _conveyor_threads() - before:
+        gc.collect()  # a loader in a reference cycle (a traceback) closes when collected
+    left = sorted(t.name for t in _conveyor_threads() - before)
+    assert not left, f"conveyor threads still running after the test: {left}"

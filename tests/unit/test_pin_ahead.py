@@ -8,6 +8,7 @@ that the next batch has always arrived when one is handed out.
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 import weakref
 from typing import Any
@@ -19,6 +20,8 @@ from tests.unit.test_loop import Numbers, _prepared, flat, loader, run
 from conveyor import DataLoader
 from conveyor._iter.multiprocess import MultiprocessIterator
 from conveyor._iter.pin_ahead import THREAD_NAME, PinAhead
+from conveyor._workers.start import Starter
+from conveyor.config import StartMethod
 from conveyor.diagnostics.fork_hazards import running_threads
 
 
@@ -185,8 +188,6 @@ def test_closing_from_the_pin_thread_itself_does_not_wait_for_itself() -> None:
     assert not pinned_in[0].is_alive()
 
 
-# Python 3.12+ warns of any fork in a process with threads; this one is the subject.
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> None:
     pin = Gated()
     stage = PinAhead(pin)
@@ -204,15 +205,44 @@ def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> Non
     assert not hung and child.exitcode == 0
 
 
-def test_settle_waits_for_the_pin_in_flight_and_keeps_its_batch() -> None:
+class Announcing:
+    """Stands in for a gate's lock: says when a thread asks for it."""
+
+    def __init__(self, lock: Any, asked: threading.Event) -> None:
+        self.lock, self.asked = lock, asked
+
+    def acquire(self) -> None:
+        self.asked.set()
+        self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_a_fork_waits_for_the_pin_in_flight() -> None:
+    # fork copies only the forking thread: a pin thread copied mid-pin could leave a lock
+    # it holds (the accelerator's allocator's) locked in the child for good.
     pin = Gated()
     stage = PinAhead(pin)
     key = object()
     stage.start(key, [7])
     assert pin.started.wait(10)
+    asked = threading.Event()
+    stage._gate._lock = Announcing(stage._gate._lock, asked)  # type: ignore[assignment]
+    # The child exits 0 if the pin had finished when it was forked (it has a copy of `pin`).
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: sys.exit(0 if pin.finished else 1)
+    )
+    starter = Starter()
+    forker = threading.Thread(target=starter.start, args=(StartMethod("fork"), child))
+    forker.start()
+    assert asked.wait(10)  # the fork waits for the gate...
+    assert child.pid is None  # ...and has not happened
     pin.release.set()
-    stage.settle()
-    assert pin.finished
+    forker.join()
+    starter.close()
+    child.join(10)
+    assert child.exitcode == 0
     assert stage.take(key) == (True, [7])
     stage.close()
 
@@ -315,6 +345,21 @@ def test_the_accelerator_is_asked_for_only_once_a_batch_was_handed_out(
     next(it)
     assert asked == ["device"]  # by the pin thread's start, after the first batch
     assert flat(list(it)) == list(range(2, 16))
+
+
+def test_the_pin_thread_stops_when_a_persistent_epoch_ends() -> None:
+    # Between epochs nothing is pinned: a thread left idle would make another loader's
+    # fork (a validation loader's workers) the fork of a multi-threaded process.
+    data = loader(Numbers(16), in_order=True, persistent_workers=True)
+    it = _iterator(data, slow_first_worker, Recorder())
+    assert flat(list(it)) == list(range(16))
+    assert not it.closed and pin_threads_alive() == []
+    it.reset()
+    batches = list(it)
+    assert flat(batches) == list(range(16))
+    assert {b.thread for b in batches} >= {THREAD_NAME}  # started again for the epoch
+    assert pin_threads_alive() == []
+    it.close()
 
 
 def test_closing_mid_epoch_stops_the_pin_thread() -> None:

@@ -104,9 +104,7 @@ class MultiprocessIterator:
             pool_factory = _pool_factory(config)
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
-        self._supervisor = Supervisor(
-            config, book, self._pool, self._tally, self._pin_ahead, now, self._specs
-        )
+        self._supervisor = Supervisor(config, book, self._pool, self._tally, now, self._specs)
         self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
@@ -149,6 +147,8 @@ class MultiprocessIterator:
                 self._watch.ended(self.statistics())
             if not self._config.persistent_workers:
                 self.close()
+            elif self._pin_ahead is not None:
+                self._pin_ahead.close()  # no thread idles between epochs (see .pin_ahead)
             raise
         except TaskError as wrapped:
             # Like torch: the failed batch is consumed, the next one follows.

@@ -14,6 +14,12 @@ batch's last reference. Both the unpinned and the pinned batch (which may share
 arrays with it: pinning leaves what is not a tensor as it is) pass between the
 threads in a box that only the main thread empties, so no slot is ever released
 from the pinning thread.
+
+The thread pins under a :class:`~conveyor._workers.start.ForkGate`: a fork of this
+process (a replacement worker, another loader's workers) waits for the pin in
+flight, so the thread is never copied into a child holding a lock. It lives while
+an epoch runs: stopped when the iterator closes or the epoch ends, started again
+with the next batch pinned ahead.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._workers.start import ForkGate
 
 THREAD_NAME = "conveyor-pin"
 
@@ -46,13 +54,17 @@ class _Ahead:
 
 
 def _serve(
-    pin: Callable[[Any], Any], setup: Callable[[], None] | None, inbox: queue.SimpleQueue[Any]
+    pin: Callable[[Any], Any],
+    setup: Callable[[], None] | None,
+    inbox: queue.SimpleQueue[Any],
+    gate: ForkGate,
 ) -> None:
-    """The thread: pin each batch sent until ``None`` comes."""
+    """The thread: pin each batch sent until ``None`` comes; it works only under ``gate``."""
     setup_error: _Raised | None = None
     try:
         if setup is not None:
-            setup()
+            with gate:
+                setup()
     except BaseException as error:  # every batch will say why it could not be pinned
         setup_error = _Raised(error)
     while (ahead := inbox.get()) is not None:
@@ -60,7 +72,8 @@ def _serve(
             ahead.box.append(setup_error)
             ahead.done.set()
         else:
-            _pin_into(ahead, pin, BaseException)  # nothing above this thread to catch it
+            with gate:
+                _pin_into(ahead, pin, BaseException)  # nothing above this thread to catch it
 
 
 def _pin_into(ahead: _Ahead, pin: Callable[[Any], Any], catch: type[BaseException]) -> None:
@@ -90,6 +103,7 @@ class PinAhead:
         self._inbox: queue.SimpleQueue[_Ahead | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ahead: _Ahead | None = None
+        self._gate = ForkGate()
 
     @property
     def idle(self) -> bool:
@@ -124,7 +138,7 @@ class PinAhead:
         setup = self._setup() if self._setup is not None else None
         thread = threading.Thread(
             target=_serve,
-            args=(self._pin, setup, self._inbox),
+            args=(self._pin, setup, self._inbox, self._gate),
             name=THREAD_NAME,
             daemon=True,  # close() joins it; a leaked iterator must not block exit
         )
@@ -151,11 +165,6 @@ class PinAhead:
             raise outcome.error
         return True, outcome
 
-    def settle(self) -> None:
-        """Wait until no pin is in flight (before forking: the thread then holds no lock)."""
-        if self._ahead is not None and self._can_wait():
-            self._ahead.done.wait()
-
     def drop(self) -> object | None:
         """Forget the batch pinned ahead (an abandoned epoch, a closed iterator) once its
         pin has finished; the key it was pinned for, or None."""
@@ -168,7 +177,8 @@ class PinAhead:
         return ahead.key
 
     def close(self) -> None:
-        """Drop what is ahead and stop the thread (joined: nothing outlives the loop)."""
+        """Drop what is ahead and stop the thread (joined: nothing outlives the epoch);
+        the next :meth:`start` starts another."""
         self.drop()
         thread, self._thread = self._thread, None
         if thread is None or os.getpid() != self._owner:

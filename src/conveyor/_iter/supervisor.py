@@ -26,7 +26,6 @@ from .autotuning import WorkerCount
 from .book import TaskBook
 from .crashes import CrashJudge, GiveUpAt, Restart
 from .deadlines import Busy, Deadlines, Stalled, TimedOut
-from .pin_ahead import PinAhead
 from .tally import Tally
 
 
@@ -37,12 +36,11 @@ class Supervisor:
         book: TaskBook,
         pool: Pool,
         tally: Tally,
-        pin_ahead: PinAhead | None,
         now: float,
         specs: list[WorkerSpec] | None = None,
     ) -> None:
         """``specs``: the workers', from which more are made (``num_workers="auto"``)."""
-        self._book, self._pool, self._tally, self._pin_ahead = book, pool, tally, pin_ahead
+        self._book, self._pool, self._tally = book, pool, tally
         forked = config.start_method.copies_memory
         self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
         self.deadlines = Deadlines(book, config.policy, timeout=config.timeout, now=now)
@@ -86,9 +84,7 @@ class Supervisor:
                 assert_never(verdict)
 
     def _restart(self, decision: Restart) -> None:
-        if self._pin_ahead is not None:
-            self._pin_ahead.settle()  # a fork must not copy the pin thread mid-pin
-        self._pool.restart(decision.worker_id)
+        self._pool.restart(decision.worker_id)  # a fork waits for a pin in flight (ForkGate)
         for task in decision.resend:
             self._pool.send(decision.worker_id, task)
         warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)

@@ -26,7 +26,7 @@ from .interrupts import interrupts_deferred
 from .process import Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .stacks import active_s, dump_stacks, process_uss
-from .start import modules_to_preload
+from .start import Starter, modules_to_preload
 from .status import WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
@@ -67,6 +67,7 @@ class WorkerPool:
         # One selector for the pool's life: building one per wait costs more than the wait.
         self._selector = selectors.DefaultSelector()
         self._writing: set[int] = set()  # task pipes registered for writability
+        self._starter = Starter()
         try:
             for spec in specs:
                 self._start(spec)
@@ -86,7 +87,13 @@ class WorkerPool:
                 self._each_start = self._setup is None
             self._loading.add(spec.worker_id)
             worker = start_worker(
-                self._context, self._method, spec, self._user, self._setup, self._preload
+                self._context,
+                self._method,
+                spec,
+                self._user,
+                self._setup,
+                self._starter,
+                self._preload,
             )
             if spec.worker_id < len(self._workers):
                 self._workers[spec.worker_id] = worker  # a replacement
@@ -324,7 +331,10 @@ class WorkerPool:
             # pool; the workers are not its children. Leave them to their owner.
             return
         with interrupts_deferred():
-            self._teardown()
+            try:
+                self._teardown()
+            finally:
+                self._starter.close()  # the processes it started are gone
 
     def _teardown(self) -> None:
         serving = self._serving()

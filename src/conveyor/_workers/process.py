@@ -17,7 +17,7 @@ from .core import UserObjects, WorkerSpec
 from .fds import InheritedFd
 from .loop import worker_main
 from .outbox import Outbox
-from .start import start_process
+from .start import Starter
 from .status import mark_starting
 from .user_objects import PickledWhileSpawning
 from .wire import FrameReader
@@ -116,6 +116,7 @@ def start_worker(
     spec: WorkerSpec,
     user: UserObjects,
     setup_fd: int | None,
+    starter: Starter,
     preload: Sequence[str] = (),
 ) -> Worker:
     task_reader, task_writer = context.Pipe(duplex=False)
@@ -147,7 +148,7 @@ def start_worker(
         daemon=True,
     )
     try:
-        start_process(method, process, preload)
+        starter.start(method, process, preload)
     except BaseException:  # a failed start, or Ctrl-C while starting: leave nothing open
         if process.pid is not None:
             process.kill()

@@ -13,87 +13,136 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from multiprocessing import spawn
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, ClassVar
 
 from .._torch import DEFER_ENV
 from ..config import StartMethod
 from .interrupts import interrupts_deferred
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # held by every start; a fork waits for the others (see _start)
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 FORKSERVER_PRELOAD = ["conveyor._workers.loop"]
+THREAD_NAME = "conveyor-process-starter"
 
 
-def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
-    """Start ``process`` from a thread that lives as long as this process.
+class Starter:
+    """Starts one pool's processes from a thread that outlives them.
 
     Workers ask the kernel to kill them when their parent dies
     (``PR_SET_PDEATHSIG``), and the kernel means the parent *thread*: workers
     started from a short-lived thread (an evaluation thread) would die with it.
-    So they are started from the main thread, or else from one daemon thread
-    kept for this. A Ctrl-C in the main thread waits until the start is complete:
-    cut in half, it would leave a child blocked for its instructions and pipes
-    that only the lost ``Popen`` object could close.
+    So they are started from the main thread, or else from a daemon thread of the
+    pool's own, which :meth:`close` stops once the pool's processes are gone: a
+    thread left behind would make every later fork in this process, anyone's, the
+    fork of a multi-threaded process. A Ctrl-C in the main thread waits until the
+    start is complete: cut in half, it would leave a child blocked for its
+    instructions and pipes that only the lost ``Popen`` object could close.
     """
-    if threading.current_thread() is threading.main_thread():
-        with interrupts_deferred():
-            _start(method, process, preload)
-    else:
-        _Starter.get().run(lambda: _start(method, process, preload))
-
-
-class _Starter:
-    """A daemon thread that starts processes for other threads, one at a time."""
-
-    _instance: _Starter | None = None
-    _instance_lock = threading.Lock()
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[
-            tuple[Callable[[], None], list[BaseException], threading.Event]
-        ]
-        self._jobs = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="conveyor-process-starter", daemon=True).start()
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
 
-    @classmethod
-    def get(cls) -> _Starter:
-        with cls._instance_lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
+    def start(self, method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
+        if threading.current_thread() is threading.main_thread():
+            with interrupts_deferred():
+                _start(method, process, preload)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_serve, args=(self._jobs,), name=THREAD_NAME, daemon=True
+            )
+            self._thread.start()
+        job = _Job(lambda: _start(method, process, preload))
+        self._jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
 
-    def run(self, job: Callable[[], None]) -> None:
-        errors: list[BaseException] = []
-        done = threading.Event()
-        self._jobs.put((job, errors, done))
-        done.wait()
-        if errors:
-            raise errors[0]
+    def close(self) -> None:
+        """Stop the thread, if there is one: call once the processes it started are gone."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._jobs.put(None)
+        if thread is not threading.current_thread():
+            thread.join()
 
-    def _serve(self) -> None:
-        while True:
-            job, errors, done = self._jobs.get()
-            try:
-                job()
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                done.set()
+
+@dataclass
+class _Job:
+    run: Callable[[], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """The starter thread: run each job until ``None`` comes."""
+    while (job := jobs.get()) is not None:
+        try:
+            job.run()
+        except BaseException as exc:
+            job.error = exc
+        finally:
+            job.done.set()
+
+
+class ForkGate:
+    """Held by one of conveyor's threads while it works (the pin thread, while it
+    pins). A fork waits until every gate is free: a thread copied into the child
+    mid-work could hold a lock there that nothing will ever release."""
+
+    _all: ClassVar[weakref.WeakSet[ForkGate]] = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a finalizer run in the thread mid-work may fork
+        ForkGate._all.add(self)
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@contextmanager
+def _gates_held() -> Iterator[None]:
+    with ExitStack() as held:
+        for gate in list(ForkGate._all):
+            held.enter_context(gate)
+        yield
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of this process's other threads, and the locks the
+    forking thread held stay held in it: start afresh, for loaders made in a worker."""
+    global _lock
+    _lock = threading.Lock()
+    ForkGate._all = weakref.WeakSet()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _start(method: StartMethod, process: BaseProcess, preload: Sequence[str]) -> None:
-    if method.copies_memory:
-        process.start()
-        return
-    if method.uses_server:
-        _preload_forkserver(method.context(), preload)
-    with _lock, _without_main(), _deferring_torch():
-        process.start()
+    """Every start holds ``_lock``, so a fork never copies a starter thread mid-start,
+    and every gate, so it never copies a thread of ours mid-work."""
+    with _lock:
+        if method.copies_memory:
+            with _gates_held():
+                process.start()
+            return
+        if method.uses_server:
+            _preload_forkserver(method.context(), preload)
+        with _without_main(), _deferring_torch():
+            process.start()
 
 
 @contextmanager
