@@ -37,8 +37,8 @@ def is_iterable_dataset(dataset: Any) -> bool:
         from torch.utils.data import Dataset as TorchDataset
         from torch.utils.data import IterableDataset as TorchIterableDataset
     except ImportError:
-        TorchDataset = TorchIterableDataset = None  # type: ignore[assignment,misc]
-    if TorchIterableDataset is not None:
+        pass
+    else:
         if isinstance(dataset, TorchIterableDataset):
             return True
         if isinstance(dataset, TorchDataset):

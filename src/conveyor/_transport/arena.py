@@ -170,7 +170,7 @@ class WorkerArena:
         # A lease-private base: every array collate makes in the slot is a view of
         # it (NumPy collapses view chains to it, since its own base is a memoryview),
         # so it dies exactly when the worker's last such array does.
-        base = np.frombuffer(memoryview(self._maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type]
+        base = np.frombuffer(memoryview(self._maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
         slot_id, done = best.slot_id, self._worker_done
         # A plain weak reference with a callback: far cheaper per batch than finalize.
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))

@@ -103,7 +103,7 @@ def _reduce_array_as_tensor(obj: Any) -> Any:
         return NotImplemented
     if not array.flags.writeable:  # would arrive read-only when sent in-band
         array = array.copy()
-    buffer = pickle.PickleBuffer(array)  # type: ignore[arg-type]
+    buffer = pickle.PickleBuffer(array)  # type: ignore[arg-type, unused-ignore]
     return (_tensor_from_array, (buffer, array.dtype.str, array.shape))
 
 
@@ -375,7 +375,7 @@ class _Plan:
         ndarray, leaves = np.ndarray, []
         from_numpy = sys.modules["torch"].from_numpy if "torch" in sys.modules else None
         for (dtype, shape, is_tensor), (offset, _) in zip(self.leaves, layout, strict=True):
-            leaf = ndarray(shape, dtype, base, offset)
+            leaf: np.ndarray = ndarray(shape, dtype, base, offset)
             leaves.append(from_numpy(leaf) if is_tensor and from_numpy else leaf)
         if self.keys is not None:
             return dict(zip(self.keys, leaves, strict=True))
@@ -415,7 +415,7 @@ class Decoder:
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
         # base is a memoryview), so it dies exactly when the last one does.
-        base = np.frombuffer(memoryview(region), dtype=np.uint8)  # type: ignore[arg-type]
+        base = np.frombuffer(memoryview(region), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
         plan = self._plans.get(payload.meta) if payload.plain else None
         if plan is not None:
             batch = plan.build(base, payload.layout)
