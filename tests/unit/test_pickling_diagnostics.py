@@ -92,12 +92,9 @@ def test_large_picklable_dataset_costs_one_dumps() -> None:
 
 
 def test_open_file_attribute(binary_file: BinaryIO) -> None:
-    findings = find_unpicklable(Holder(root="/data", fh=binary_file))
-    assert findings == [
-        PicklingFinding(
-            "dataset.fh", "_io.BufferedReader", "cannot pickle '_io.BufferedReader' object"
-        )
-    ]
+    [finding] = find_unpicklable(Holder(root="/data", fh=binary_file))
+    assert (finding.path, finding.type_name) == ("dataset.fh", "_io.BufferedReader")
+    assert "BufferedReader" in finding.reason  # the error's words, as this Python puts them
 
 
 def test_sqlite_connection_two_levels_down(connection: sqlite3.Connection) -> None:
@@ -330,14 +327,34 @@ def test_explain_dataset_says_what_where_why_fix(connection: sqlite3.Connection)
     assert error.type_name == "sqlite3.Connection"
     assert str(error) == (
         "Cannot send the dataset to worker processes (start method 'spawn'): "
-        "dataset.db.connection is a sqlite3.Connection, which cannot be pickled "
-        "(cannot pickle 'sqlite3.Connection' object). Fix: store "
+        "dataset.db.connection is a sqlite3.Connection, which cannot be pickled. Fix: store "
         "conveyor.per_worker(<function that opens it>, <its arguments>) instead, e.g. "
         "conveyor.per_worker(sqlite3.connect, path): it connects lazily, once in each "
         "worker, and pickles as the recipe."
     )
     # Not "or use fork": forked workers would share the connection (see the pre-flight).
     assert "multiprocessing_context" not in str(error)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "cannot pickle '_io.TextIOWrapper' object",  # Python 3.11
+        "cannot pickle 'TextIOWrapper' instances",  # Python 3.12
+    ],
+)
+def test_a_plain_refusal_is_said_in_conveyors_words_whatever_pythons(refusal: str) -> None:
+    found = PicklingFinding("dataset.fh", "_io.TextIOWrapper", refusal)
+    assert found.why() == "dataset.fh is a _io.TextIOWrapper, which cannot be pickled."
+
+
+def test_a_reason_of_the_users_own_is_kept() -> None:
+    class Session:
+        def __reduce__(self) -> Any:
+            raise TypeError("log in again in each worker")
+
+    [found] = find_unpicklable(Holder(session=Session()))
+    assert found.why().endswith("which cannot be pickled (log in again in each worker).")
 
 
 def test_explain_fix_depends_on_the_type(binary_file: BinaryIO) -> None:
@@ -389,8 +406,8 @@ def test_explain_sample(text_file: TextIO) -> None:
     assert (error.path, error.type_name) == ("sample['meta']['fh']", "_io.TextIOWrapper")
     assert str(error) == (
         "A worker cannot send a sample back (dataset index 7, worker 2): "
-        "sample['meta']['fh'] is a _io.TextIOWrapper, which cannot be pickled "
-        "(cannot pickle '_io.TextIOWrapper' object). Fix: return plain data "
+        "sample['meta']['fh'] is a _io.TextIOWrapper, which cannot be pickled. Fix: return "
+        "plain data "
         "(arrays, numbers, strings) from __getitem__; open resources inside it "
         "and close them before returning."
     )

@@ -34,6 +34,7 @@ from .findings import ENVIRONMENT, Finding, Severity
 from .fixes import fix_for, per_worker_fix, reseed_fix
 from .handles import Handle, describe_descriptor, describe_handle
 from .paths import short_repr, type_name
+from .pickling import why_unpicklable
 from .walk import MAX_ITEMS, Walk, within
 
 __all__ = [
@@ -154,7 +155,7 @@ def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> 
         severity=Severity.ERROR,
         where=path,
         what=f"{_what(handle)} cannot be sent to the {start_method} workers",
-        why=f"{path} is a {type_name(obj)}, which cannot be pickled ({reason}).",
+        why=why_unpicklable(path, type_name(obj), reason),
         fix=fix_for(path, type_name(obj), handle) + ".",
     )
 

@@ -31,6 +31,7 @@ __all__ = [
     "explain_unpicklable",
     "explain_unpicklable_sample",
     "find_unpicklable",
+    "why_unpicklable",
 ]
 
 Dumps = Callable[[Any], bytes]
@@ -51,6 +52,23 @@ class PicklingFinding:
     def fix(self) -> str:
         """The fix, without a final period (see :func:`~.fixes.fix_for`)."""
         return fix_for(self.path, self.type_name, self.handle)
+
+    def why(self) -> str:
+        return why_unpicklable(self.path, self.type_name, self.reason)
+
+
+def why_unpicklable(path: str, type_name: str, reason: str) -> str:
+    """``dataset.fh is a _io.TextIOWrapper, which cannot be pickled.``: conveyor's words,
+    with the error's own (``reason``) only where they say more than that its type cannot
+    be pickled (a ``__reduce__`` of the user's explaining why). Python words that plain
+    refusal differently from version to version ("cannot pickle '_io.TextIOWrapper'
+    object", then "cannot pickle 'TextIOWrapper' instances"), always naming the type.
+    """
+    article = "an" if type_name[:1].lower() in "aeiou" else "a"
+    why = f"{path} is {article} {type_name}, which cannot be pickled"
+    if type_name.rsplit(".", 1)[-1] in reason:
+        return why + "."
+    return f"{why} ({reason})."
 
 
 def find_unpicklable(
@@ -161,10 +179,7 @@ def explain_unpicklable(
         findings = [PicklingFinding(root, type_name(obj), reason, describe_handle(obj))]
         why = f"{root} cannot be pickled ({reason})."
     else:
-        first = findings[0]
-        article = "an" if first.type_name[:1].lower() in "aeiou" else "a"
-        why = f"{first.path} is {article} {first.type_name}, which cannot be pickled "
-        why += f"({first.reason})."
+        why = findings[0].why()
         if len(findings) > 1:
             why += " Also: " + "; ".join(f"{f.path} ({f.type_name})" for f in findings[1:]) + "."
     fix = "; ".join(dict.fromkeys(f.fix() for f in findings))

@@ -222,8 +222,7 @@ def _unpicklable_findings(target: _Target) -> list[Finding]:
                     severity=Severity.ERROR,
                     where=found.path,
                     what=f"The {role} cannot be sent to the {target.start_method.name} workers",
-                    why=f"{found.path} is a {found.type_name}, which cannot be pickled "
-                    f"({found.reason}).",
+                    why=found.why(),
                     fix=found.fix() + ".",
                 )
             )
