@@ -28,10 +28,11 @@ class FreezeCount:
 
 def test_a_forked_worker_never_collects_what_it_inherited() -> None:
     inherited = len(gc.get_objects())
+    frozen_here = gc.get_freeze_count()  # not 0 everywhere: 3.12 starts with some frozen
     counts = _freeze_counts("fork")
     # Everything the parent had when it forked; a few of those the worker may free.
     assert min(counts) >= 0.9 * inherited
-    assert gc.get_freeze_count() == 0  # the training process itself collects as before
+    assert gc.get_freeze_count() == frozen_here  # the training process collects as before
 
 
 def test_a_fork_server_worker_never_collects_what_the_server_had() -> None:
