@@ -2,9 +2,9 @@
 
 Workers first started from a thread other than the main one are started from a
 thread of their pool's (see ``_workers/start.py``), which goes with the pool; the pin
-thread goes with its epoch. On Python 3.12+ a fork in a process with other threads
-warns; pytest's ``faulthandler_timeout`` watchdog is such a thread during every test
-(CPython counts the process's threads), so that check runs in a clean process.
+thread goes with its epoch. Python 3.12+ warns at a fork in a process with other
+threads; that check runs in a clean process, where nothing else (a test's own threads,
+the "error" filter, under which CPython drops this warning) is in the way.
 """
 
 from __future__ import annotations

@@ -188,6 +188,8 @@ def test_closing_from_the_pin_thread_itself_does_not_wait_for_itself() -> None:
     assert not pinned_in[0].is_alive()
 
 
+# Python 3.12+ warns of any fork in a process with threads; this one is the subject.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_does_not_wait_for_a_pin_thread_it_does_not_have() -> None:
     pin = Gated()
     stage = PinAhead(pin)
