@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 _UNIT = Path(__file__).parent / "unit"
+_HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -27,6 +29,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The ``torch`` marker: tests of torch's own behaviour (parity, its samplers, its
+    process groups) skip, saying so, where torch is not installed."""
+    if not _HAVE_TORCH and item.get_closest_marker("torch") is not None:
+        pytest.skip("needs torch, which is not installed: pip install torch==2.13.0")
+
+
 def _conveyor_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("conveyor-")}
 
@@ -36,12 +45,10 @@ def no_conveyor_thread_left() -> Iterator[None]:
     """Fail a test after which a thread of conveyor's still runs: its loaders are gone, so
     nothing needs it, and every later fork would copy a multi-threaded process.
 
-    This is the suite's check of conveyor's threads, on every Python. Python 3.12+ also
-    warns at a fork in a process with other threads, but not usefully here: pytest's
-    ``faulthandler_timeout`` watchdog is such a thread during every test, and under the
-    "error" filter CPython drops the warning, so it would surface only inside
-    ``pytest.warns`` blocks. pyproject.toml ignores it; tests/integration/test_fork_safety.py
-    checks it in a clean process.
+    This checks conveyor's threads on every Python. The warning Python 3.12+ gives at a
+    fork in a process with other threads is checked in a clean process
+    (tests/integration/test_fork_safety.py): under the "error" filter CPython drops it,
+    so here it would surface only inside ``pytest.warns`` blocks.
     """
     before = _conveyor_threads()
     yield

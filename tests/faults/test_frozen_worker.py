@@ -73,7 +73,7 @@ def _loader(method: str, sampler: FreezesWorkerOne, **kwargs: Any) -> DataLoader
 def test_timeout_fires_for_a_worker_frozen_before_its_task(method: str, tmp_path: Path) -> None:
     sampler = FreezesWorkerOne(str(tmp_path / "pid"))
     it = iter(_loader(method, sampler, timeout=1))
-    assert [int(next(it)) for _ in range(3)] == [0, 1, 2]
+    assert [next(it).item() for _ in range(3)] == [0, 1, 2]
     with pytest.raises(WorkerTimeoutError) as info:
         next(it)
     message = str(info.value)
@@ -91,7 +91,7 @@ def test_stall_warning_names_a_task_a_frozen_worker_has_not_started(
 ) -> None:
     sampler = FreezesWorkerOne(str(tmp_path / "pid"))
     it = iter(_loader(method, sampler, stall_warning=0.5))
-    assert [int(next(it)) for _ in range(3)] == [0, 1, 2]
+    assert [next(it).item() for _ in range(3)] == [0, 1, 2]
     seen: list[str] = []
 
     def thaw(message: Any, *args: Any, **kwargs: Any) -> None:
@@ -102,7 +102,7 @@ def test_stall_warning_names_a_task_a_frozen_worker_has_not_started(
     with warnings.catch_warnings():
         warnings.simplefilter("always", WorkerStallWarning)
         warnings.showwarning = thaw
-        assert int(next(it)) == 3
+        assert next(it).item() == 3
     assert len(seen) == 1
     assert f"worker 1 (pid {sampler.pid}) has batch 3 (dataset indices [3])" in seen[0]
     assert "it has not started it" in seen[0]

@@ -454,14 +454,14 @@ def test_shutdown_workers_stops_a_persistent_loaders_workers_like_torch() -> Non
     # Code written for torch stops a persistent loader's workers through its iterator
     # (torch's own DataPipe test does); the next epoch starts new ones.
     loader = DataLoader(list(range(6)), num_workers=2, persistent_workers=True)
-    assert [int(b) for b in loader] == list(range(6))
+    assert [b.item() for b in loader] == list(range(6))
     workers = loader._iterator._workers
     loader._iterator._shutdown_workers()
     for worker in workers:
         worker.join(10)
     assert [(w.is_alive(), w.exitcode) for w in workers] == [(False, 0), (False, 0)]
     loader._iterator = None
-    assert [int(b) for b in loader] == list(range(6))
+    assert [b.item() for b in loader] == list(range(6))
 
 
 class LongPaths:

@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader as TorchDataLoader
 
 from conveyor import DataLoader
+
+pytest.importorskip("torch", reason="compares with torch's DataLoader: needs torch")
+from torch.utils.data import DataLoader as TorchDataLoader
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from conveyor import DataLoader as ConveyorDataLoader
+
+torch = pytest.importorskip("torch", reason="Lightning trains with torch: needs torch")
 
 pytestmark = [
     pytest.mark.slow,

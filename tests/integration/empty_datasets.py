@@ -39,14 +39,19 @@ class EmptyTensors:
 
 
 def zero_rows(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A collate_fn whose batch has zero rows: the samples all filtered out, say."""
-    import torch
-
+    """A collate_fn whose batch has zero rows: the samples all filtered out, say (a
+    tensor among them where torch is installed)."""
     kept = [s["label"] for s in samples if s["label"] < 0]
+    try:
+        import torch
+    except ImportError:
+        last: Any = np.zeros((len(kept), 4), dtype=np.int16)
+    else:
+        last = torch.zeros(len(kept), 4, dtype=torch.int16)
     return {
         "ids": np.asarray(kept, dtype=np.int64),
         "rows": np.zeros((len(kept), 4), dtype=np.float32),
-        "t": torch.zeros(len(kept), 4, dtype=torch.int16),
+        "t": last,
     }
 
 

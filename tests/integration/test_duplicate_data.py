@@ -9,30 +9,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
-import torch.distributed as dist
-from torch.utils.data import DistributedSampler
 
 import conveyor
-from conveyor import DataLoader, DuplicateDataWarning
+from conveyor import DataLoader, DuplicateDataWarning, IterableDataset
 
 METHODS = ["fork", pytest.param("spawn", marks=pytest.mark.slow)]
 
 
-class Everything(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class Everything(IterableDataset[int]):
     """Every worker yields every item: torch delivers each one once per worker."""
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(8))
 
 
-class ShardedByTorch(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class ShardedByTorch(IterableDataset[int]):
     def __iter__(self) -> Iterator[int]:
+        import torch.utils.data
+
         info = torch.utils.data.get_worker_info()
         return itertools.islice(range(8), info.id, None, info.num_workers)
 
 
-class ShardedByConveyor(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class ShardedByConveyor(IterableDataset[int]):
     def __iter__(self) -> Iterator[int]:
         info = conveyor.get_worker_info()
         assert info is not None
@@ -63,7 +62,9 @@ def test_workers_that_do_not_shard_are_named_once(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("dataset", [ShardedByTorch, ShardedByConveyor])
+@pytest.mark.parametrize(
+    "dataset", [pytest.param(ShardedByTorch, marks=pytest.mark.torch), ShardedByConveyor]
+)
 def test_sharded_workers_are_not_accused(method: str, dataset: type) -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -82,6 +83,7 @@ def test_one_worker_cannot_duplicate() -> None:
 @pytest.fixture
 def two_ranks() -> Iterator[None]:
     """A process group of two ranks in this one process (torch's fake backend)."""
+    import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
@@ -91,6 +93,7 @@ def two_ranks() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("method", METHODS)
 def test_ranks_without_a_distributed_sampler_are_warned(two_ranks: None, method: str) -> None:
     loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context=method)
@@ -103,8 +106,11 @@ def test_ranks_without_a_distributed_sampler_are_warned(two_ranks: None, method:
     assert _duplicates(again) == []  # once per loader
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("method", METHODS)
 def test_ranks_with_a_distributed_sampler_are_not_warned(two_ranks: None, method: str) -> None:
+    from torch.utils.data import DistributedSampler
+
     sampler = DistributedSampler(list(range(8)), num_replicas=2, rank=0, shuffle=False)
     loader = DataLoader(
         list(range(8)), batch_size=2, sampler=sampler, num_workers=2, multiprocessing_context=method

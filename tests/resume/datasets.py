@@ -1,4 +1,8 @@
-"""Datasets for the resume tests (importable, so spawn and forkserver workers load them)."""
+"""Datasets for the resume tests (importable, so spawn and forkserver workers load them).
+
+torch is optional: without it the draws from torch are 0.0, generators are NumPy's and
+batches hold NumPy arrays, and the tests check the same things of them.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,27 @@ import signal
 from typing import Any
 
 import numpy as np
-import torch
 
-from conveyor import get_worker_info
+from conveyor import IterableDataset, get_worker_info
+
+try:
+    import torch
+except ImportError:
+    torch = None  # type: ignore[assignment]
+
+
+def seeded(seed: int) -> Any:
+    """A seeded generator for a loader: torch's when torch is there, else NumPy's."""
+    if torch is None:
+        return np.random.default_rng(seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def draw_torch() -> float:
+    """A draw from torch's global generator (0.0 without torch)."""
+    return float(torch.rand(()).item()) if torch is not None else 0.0
 
 
 class Draws:
@@ -35,10 +57,10 @@ class Draws:
             os.kill(os.getpid(), signal.SIGKILL)
         if i == self.fail_at:
             raise ValueError(f"sample {i} is corrupt")
-        return (i, random.random(), float(np.random.rand()), float(torch.rand(()).item()))
+        return (i, random.random(), float(np.random.rand()), draw_torch())
 
 
-class Counting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class Counting(IterableDataset):  # type: ignore[type-arg]
     """Each worker yields its share of ``range(n)``; its position is its state."""
 
     def __init__(self, n: int = 30) -> None:
@@ -62,8 +84,10 @@ class Counting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
 
 def plain(batch: Any) -> Any:
-    """A batch as nested Python values (tensors as lists), for comparing runs."""
-    if isinstance(batch, torch.Tensor):
+    """A batch as nested Python values (tensors and arrays as lists), for comparing runs."""
+    if isinstance(batch, (np.ndarray, np.generic)) or (
+        torch is not None and isinstance(batch, torch.Tensor)
+    ):
         return batch.tolist()
     if isinstance(batch, (list, tuple)):
         return [plain(b) for b in batch]

@@ -1,5 +1,5 @@
-"""``reseed``: what ``__getitem__`` draws from random, NumPy and torch depends on the
-sample's position, not on which worker fetched it."""
+"""``reseed``: what ``__getitem__`` draws from random, NumPy and torch (when installed)
+depends on the sample's position, not on which worker fetched it."""
 
 from __future__ import annotations
 
@@ -8,19 +8,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from conveyor import ConfigError, DataLoader
 
-from .datasets import Draws, plain
+from .datasets import Draws, draw_torch, plain, seeded, torch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
 def _samples(reseed: str, num_workers: int, batch_size: int = 4, **kwargs: Any) -> dict[int, Any]:
     """Each sample's draws, by dataset index, from one shuffled epoch."""
-    generator = torch.Generator()
-    generator.manual_seed(11)
+    generator = seeded(11)
     if num_workers:
         kwargs.setdefault("multiprocessing_context", "fork")
     loader = DataLoader(
@@ -78,20 +76,20 @@ def test_the_default_seeds_each_worker_once_as_torch_does() -> None:
 
 
 def test_reseeding_without_workers_leaves_the_training_loop_rngs_alone() -> None:
-    def draws_after(reseed: str) -> tuple[float, float, float]:
+    def seed_all() -> None:
         random.seed(5)
         np.random.seed(5)
-        torch.manual_seed(5)
-        generator = torch.Generator()
-        generator.manual_seed(1)
-        for _ in DataLoader(Draws(8), batch_size=4, generator=generator, reseed=reseed):
-            pass
-        return random.random(), float(np.random.rand()), float(torch.rand(()))
+        if torch is not None:
+            torch.manual_seed(5)
 
-    random.seed(5)
-    np.random.seed(5)
-    torch.manual_seed(5)
-    untouched = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    def draws_after(reseed: str) -> tuple[float, float, float]:
+        seed_all()
+        for _ in DataLoader(Draws(8), batch_size=4, generator=seeded(1), reseed=reseed):
+            pass
+        return random.random(), float(np.random.rand()), draw_torch()
+
+    seed_all()
+    untouched = (random.random(), float(np.random.rand()), draw_torch())
     assert draws_after("batch") == untouched
     assert draws_after("sample") == untouched
     assert draws_after("worker") != untouched  # torch's way: the dataset draws from them
@@ -99,9 +97,7 @@ def test_reseeding_without_workers_leaves_the_training_loop_rngs_alone() -> None
 
 def test_a_seeded_generator_makes_runs_reproducible() -> None:
     assert _samples("sample", 2) == _samples("sample", 3)
-    generator = torch.Generator()
-    generator.manual_seed(12)  # another seed: other draws
-    other = DataLoader(Draws(24), batch_size=4, generator=generator, reseed="sample")
+    other = DataLoader(Draws(24), batch_size=4, generator=seeded(12), reseed="sample")
     first = plain(next(iter(other)))
     assert tuple(d[0] for d in first[1:]) != _samples("sample", 0)[first[0][0]]
 

@@ -8,12 +8,10 @@ import os
 from typing import Any
 
 import pytest
-import torch
-from torch.utils.data import DistributedSampler
 
 from conveyor import DataLoader, WorkerRestartedWarning
 
-from .datasets import Draws
+from .datasets import Draws, seeded
 from .roundtrip import assert_same, epochs_of, resumed_run
 
 # 3 workers on a 2-core machine: torch's (and our) warning about it is expected here.
@@ -24,10 +22,8 @@ STEPS = {"start": 0, "middle": 5, "last": 9, "boundary": 11}
 
 
 def _loader(num_workers: int, seed: int = 3, **kwargs: Any) -> DataLoader:
-    generator = torch.Generator()
-    generator.manual_seed(seed)
     options: dict[str, Any] = dict(
-        batch_size=BATCH, shuffle=True, generator=generator, reseed="batch"
+        batch_size=BATCH, shuffle=True, generator=seeded(seed), reseed="batch"
     )
     options.update(kwargs)
     dataset = options.pop("dataset", Draws(N))
@@ -81,8 +77,11 @@ def test_persistent_workers_resume(step: str) -> None:
     _round_trip(options, {"num_workers": 1, "persistent_workers": True}, step)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_resumes_its_own_shard(rank: int) -> None:
+    from torch.utils.data import DistributedSampler
+
     def options() -> dict[str, Any]:
         dataset = Draws(N)
         sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=7)

@@ -103,10 +103,9 @@ def main() -> None:
     method, when = sys.argv[1], sys.argv[2]
     fifo = os.path.join(sys.argv[3], "started")
     # Start multiprocessing's helpers (they live on by design) before the snapshot.
-    assert [int(b) for b in DataLoader([0, 1], num_workers=1, multiprocessing_context=method)] == [
-        0,
-        1,
-    ]
+    loader = DataLoader([0, 1], num_workers=1, multiprocessing_context=method)
+    assert [b.item() for b in loader] == [0, 1]
+    del loader
     gc.collect()
     before_fds = open_fds()
     before_procs = {p.pid for p in descendants()}

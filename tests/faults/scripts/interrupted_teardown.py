@@ -60,7 +60,7 @@ def main() -> None:
     method = sys.argv[1]
     # Start multiprocessing's helpers (a fork server, the resource tracker: they live
     # as long as the interpreter) before the snapshot.
-    assert [int(b) for b in DataLoader([0], num_workers=1, multiprocessing_context=method)] == [0]
+    assert [b.item() for b in DataLoader([0], num_workers=1, multiprocessing_context=method)] == [0]
     gc.collect()
     before = open_fds()
     loader = DataLoader(Busy(), batch_size=2, num_workers=2, multiprocessing_context=method)

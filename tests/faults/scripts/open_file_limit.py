@@ -40,7 +40,7 @@ def open_fds() -> int:
 
 def main() -> None:
     method, workers, room = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    assert [int(b) for b in DataLoader([0], num_workers=1, multiprocessing_context=method)] == [0]
+    assert [b.item() for b in DataLoader([0], num_workers=1, multiprocessing_context=method)] == [0]
     before = open_fds()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     soft = before + FDS_PER_WORKER * workers + room
