@@ -3,9 +3,10 @@ worker process starts; a WARNING is emitted once per loader and loading goes on.
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,39 @@ def test_unpicklable_file_stops_before_workers_start(shard: Path, method: str) -
     assert (exc.path, exc.type_name) == ("dataset.fh", "_io.BufferedReader")
     assert f"start method '{method}'" in str(exc)
     assert exc.finding.code == "unpicklable"  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def default_start_method() -> Iterator[Callable[[str], None]]:
+    """Sets multiprocessing's default start method, as a platform or Python does (Linux's
+    is fork up to Python 3.13, forkserver from 3.14); put back afterwards."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    yield lambda method: multiprocessing.set_start_method(method, force=True)
+    multiprocessing.set_start_method(before, force=True)
+
+
+@pytest.mark.parametrize("default", ["fork", "forkserver"])
+def test_the_default_start_method_is_read_at_iter_and_named(
+    shard: Path, default: str, default_start_method: Callable[[str], None]
+) -> None:
+    # Nothing assumes fork is the default: the checks and messages are those of the
+    # method the workers will really start with.
+    dataset = HoldsFile(shard)
+    loader = DataLoader(dataset, batch_size=None, num_workers=1)  # before the default is set
+    default_start_method(default)
+    try:
+        report = str(check(dataset, num_workers=1))
+        assert f"start method {default!r}" in report
+        if default == "fork":
+            assert "[shared-file-handle]" in report and "[unpicklable]" not in report
+            with pytest.warns(PreflightWarning, match="shared by the forked workers"):
+                assert list(loader) == [bytes([i]) for i in range(6)]
+        else:
+            assert "[unpicklable]" in report and "forked" not in report
+            with pytest.raises(UnpicklableError, match="start method 'forkserver'"):
+                iter(loader)
+    finally:
+        dataset.close()
 
 
 @pytest.mark.parametrize("preflight", [True, False])
