@@ -330,6 +330,8 @@ def running_threads() -> list[threading.Thread]:
         if thread in skip or isinstance(thread, threading._DummyThread):
             continue
         owner = type(thread).__module__
+        if type(thread) is threading.Thread and getattr(thread, "_target", None) is None:
+            continue  # its target has returned (Thread.run drops it): it is ending
         if owner == "threading":  # a plain Thread: whoever wrote its target started it
             owner = getattr(getattr(thread, "_target", None), "__module__", None) or owner
         if not within(str(owner), _KNOWN_THREAD_MODULES):
