@@ -12,12 +12,8 @@ import pytest
 
 from conveyor import DataLoader, get_worker_info
 
+from .datasets import seeded, torch
 from .roundtrip import assert_same, epochs_of, resumed_run
-
-try:
-    import torch
-except ImportError:  # the draws from torch's generator are then left out
-    torch = None  # type: ignore[assignment]
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -46,9 +42,10 @@ def _plain(batch: Any) -> Any:
 
 
 def _loader(num_workers: int, worker_method: str, seed: int = 3, **kwargs: Any) -> DataLoader:
-    options: dict[str, Any] = dict(batch_size=BATCH, reseed="batch", worker_method=worker_method)
-    if torch is not None:
-        options.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
+    options: dict[str, Any] = dict(
+        batch_size=BATCH, reseed="batch", worker_method=worker_method, shuffle=True
+    )
+    options["generator"] = seeded(seed)  # torch's, or NumPy's without torch
     if worker_method == "multiprocessing":
         options["multiprocessing_context"] = "fork"
     options.update(kwargs)
