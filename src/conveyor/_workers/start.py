@@ -102,7 +102,7 @@ class ForkGate:
     _all: ClassVar[weakref.WeakSet[ForkGate]] = weakref.WeakSet()
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()  # a finalizer run in the thread mid-work may fork
+        self._lock = threading.RLock()  # a thread forking under its own gate must not wait
         ForkGate._all.add(self)
 
     def __enter__(self) -> None:
