@@ -16,6 +16,7 @@ import faulthandler
 import os
 import signal
 import time
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from conveyor import (
     WorkerRestartedWarning,
     WorkerTimeoutError,
 )
+from conveyor._workers.pool import WorkerPool
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
 from tests.helpers.sync import Mailbox, post, wait_exit
@@ -168,6 +170,27 @@ def test_dead_iterable_dataset_worker_is_not_restarted(start_method: str) -> Non
     assert (exc.worker_id, exc.pid, exc.exitcode, exc.indices) == (0, pid, -9, ())
     assert "killed by signal SIGKILL (-9)" in str(exc)
     assert "iterator cannot be resumed" in str(exc)
+
+
+def test_a_crash_heard_of_with_the_start_is_raised_after_the_batches_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a busy machine the loop may first hear from a worker once it is dead: its
+    # Ready, its first batch and its death in one wait, still inside iter(). The
+    # first batch must come first; the crash, at its place.
+    real_wait = WorkerPool.wait
+
+    def wait_until_they_died(pool: WorkerPool, timeout: float | None) -> list[Any]:
+        connection.wait([w.process.sentinel for w in pool._workers])
+        monkeypatch.setattr(WorkerPool, "wait", real_wait)
+        return real_wait(pool, timeout)
+
+    monkeypatch.setattr(WorkerPool, "wait", wait_until_they_died)
+    it = iter(_loader(IterDiesAt(), "fork"))
+    pid = next(it)[0].item()
+    with pytest.raises(WorkerCrashedError) as info:
+        next(it)
+    assert (info.value.pid, info.value.exitcode) == (pid, -9)
 
 
 @pytest.mark.parametrize("start_method", CHEAP_METHODS)

@@ -252,10 +252,12 @@ class MultiprocessIterator:
         return True
 
     def _await_ready(self) -> None:
-        """Block until every worker has started (and reported its state)."""
+        """Block until every worker has started (and reported its state). What keeps one
+        from starting is raised here; a failure after every worker started (heard of in
+        the same wait, on a busy machine) comes at its place, after the batches before it."""
         while self._not_ready:
             self._receive()
-            if self._book.fatal is not None:
+            if self._not_ready and self._book.fatal is not None:
                 raise self._book.fatal
 
     def _await_reports(self) -> None:
