@@ -8,7 +8,7 @@ import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -63,3 +63,22 @@ def test_multiprocessing_locks_and_values_are_shared_with_workers(method: str) -
     loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=method)
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert dataset.count.value == 12  # every worker's fetches landed in the one value
+
+
+def test_a_typed_named_tuple_defined_in_a_function_reaches_the_workers() -> None:
+    # What the workers cannot import (a class of __main__, of a notebook, of a function)
+    # travels by value; a typing.NamedTuple does only from cloudpickle 2.2.1 on (before,
+    # the worker failed to start: KeyError: '__module__').
+    class Point(NamedTuple):
+        x: int
+        y: int
+
+    class Points:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> dict[str, int]:
+            return Point(i, -i)._asdict()
+
+    loader = DataLoader(Points(), batch_size=2, num_workers=1, multiprocessing_context="forkserver")
+    assert [b["y"].tolist() for b in loader] == [[0, -1], [-2, -3]]
