@@ -34,7 +34,7 @@ from conveyor import (
 from conveyor._workers.pool import WorkerPool
 from tests.faults import CHEAP_METHODS, matrix
 from tests.helpers import leaks
-from tests.helpers.sync import Mailbox, post, wait_exit
+from tests.helpers.sync import Mailbox, post, wait_exit, wait_posted
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -191,6 +191,54 @@ def test_a_crash_heard_of_with_the_start_is_raised_after_the_batches_before_it(
     with pytest.raises(WorkerCrashedError) as info:
         next(it)
     assert (info.value.pid, info.value.exitcode) == (pid, -9)
+
+
+class WorkerZeroStartsLate:
+    """worker_init_fn: worker 0 starts only once something is posted to ``gate``."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 0:
+            wait_posted(self.gate)
+
+
+class KillsAtOne:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        if index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index
+
+
+def test_a_crash_heard_of_before_another_workers_start_comes_at_its_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Worker 1 starts, takes batch 1 and dies before worker 0 has even started: not a
+    # failure to start, so iter() returns and batch 0 comes before the crash.
+    real_wait = WorkerPool.wait
+    with Mailbox(tmp_path / "gate") as gate:
+
+        def wait_until_worker_1_died(pool: WorkerPool, timeout: float | None) -> list[Any]:
+            connection.wait([pool._workers[1].process.sentinel])
+            monkeypatch.setattr(WorkerPool, "wait", real_wait)
+            events = real_wait(pool, timeout)
+            post(gate.path, "start")  # worker 0 now
+            return events
+
+        monkeypatch.setattr(WorkerPool, "wait", wait_until_worker_1_died)
+        loader = DataLoader(
+            KillsAtOne(), num_workers=2, multiprocessing_context="fork", max_worker_restarts=0,
+            worker_init_fn=WorkerZeroStartsLate(gate.path), run_ahead=False,
+        )  # fmt: skip
+        it = iter(loader)
+        assert next(it).item() == 0
+        with pytest.raises(WorkerCrashedError) as info:
+            next(it)
+    assert info.value.worker_id == 1 and 1 in info.value.indices
 
 
 @pytest.mark.parametrize("start_method", CHEAP_METHODS)

@@ -109,6 +109,7 @@ class MultiprocessIterator:
         self._deadlines = self._supervisor.deadlines
         self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
         self._not_ready = set(range(config.num_workers))
+        self._failed_to_start: set[int] = set()  # workers that will never be ready
         self._streams = StreamCheck.wanted(config, history)  # iterable: do workers shard?
         self.progress = self._new_progress()
         try:
@@ -253,12 +254,13 @@ class MultiprocessIterator:
 
     def _await_ready(self) -> None:
         """Block until every worker has started (and reported its state). What keeps one
-        from starting is raised here; a failure after every worker started (heard of in
-        the same wait, on a busy machine) comes at its place, after the batches before it."""
-        while self._not_ready:
+        from starting is raised here; a failure of a worker that did start (heard of
+        before another worker's start, on a busy machine) comes at its place in the
+        order, after the batches before it."""
+        while self._not_ready and not self._failed_to_start:
             self._receive()
-            if self._not_ready and self._book.fatal is not None:
-                raise self._book.fatal
+        if self._failed_to_start and self._book.fatal is not None:
+            raise self._book.fatal
 
     def _await_reports(self) -> None:
         """``state_dict()`` needs each worker's state at the start of the epoch."""
@@ -354,8 +356,10 @@ class MultiprocessIterator:
             match event:
                 case Received(worker_id=worker_id, message=message, batch=batch):
                     self._on_message(worker_id, message, batch)
-                case Died():
-                    self._supervisor.on_death(event)
+                case Died(worker_id=worker_id):
+                    replaced = self._supervisor.on_death(event)
+                    if not replaced and worker_id in self._not_ready:
+                        self._failed_to_start.add(worker_id)
                 case _:
                     assert_never(event)
 
@@ -366,6 +370,7 @@ class MultiprocessIterator:
                 self._not_ready.discard(worker_id)
                 self.progress.began(worker_id, state)
             case StartupFailed():
+                self._failed_to_start.add(worker_id)
                 pid, remote = self._pid(worker_id), self._config.remote
                 error = failures.startup_failed(worker_id, message, pid, remote=remote)
                 self._book.on_startup_failed(worker_id, error)

@@ -69,7 +69,8 @@ class Supervisor:
 
     # --- dead workers -------------------------------------------------------------------
 
-    def on_death(self, died: Died) -> None:
+    def on_death(self, died: Died) -> bool:
+        """Act on a worker's death; whether a replacement was started."""
         verdict = self.judge.on_death(died)
         match verdict:
             case Restart():
@@ -78,8 +79,10 @@ class Supervisor:
                 self._tally.restarted(verdict.worker_id, verdict.retried)
                 self.deadlines.count_from(now)  # the replacement gets a whole timeout
                 self._restart(verdict)
+                return True
             case GiveUpAt(error=error, place=place):
                 self._book.give_up(error, place)  # raised at its place in the order
+                return False
             case _:
                 assert_never(verdict)
 
