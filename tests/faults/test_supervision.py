@@ -455,8 +455,9 @@ def test_stalled_task_is_reported_once_with_the_workers_stack() -> None:
         batches = list(loader)
 
     assert batches == [[0, 1], [2, 3]]
-    assert len(record) == 1
-    message = str(record[0].message)
+    # Once, not at every check. (Only batch 0 is slow by design; on a loaded machine
+    # batch 1 may pass the second too, and is rightly reported then.)
+    [message] = [str(w.message) for w in record if "on batch 0 (" in str(w.message)]
     assert "DataLoader worker 0 (pid " in message
     assert "on batch 0 (dataset indices [0, 1]), in stage fetch" in message
     assert "It may be stuck" in message
