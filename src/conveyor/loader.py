@@ -359,10 +359,11 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # The platform's default is read when iterating, as torch reads it, so a
             # set_start_method() after building the loader is honoured.
             config = dataclasses.replace(config, start_method=StartMethod.of(None))
-        # Thread workers share this process's objects; Ray workers get them pickled when
-        # their pool starts, which names what does not pickle (as spawn's pre-flight would).
-        processes = config.worker_method == "multiprocessing"
-        if self.num_workers > 0 and self._preflight_pending and processes:
+        # Ray workers get the objects pickled when their pool starts, which names what does
+        # not pickle (as spawn's pre-flight would); thread workers get checked for what
+        # threads must not share (diagnostics/thread_hazards.py).
+        checked = config.worker_method in ("multiprocessing", "thread")
+        if self.num_workers > 0 and self._preflight_pending and checked:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
             # (or state_dict()) line: four frames up.
             run_automatic(config, stacklevel=4)

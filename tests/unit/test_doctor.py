@@ -310,6 +310,15 @@ def test_samples_that_release_the_gil_mean_threads_as_many_as_cpus() -> None:
     assert text.startswith("Samples release the GIL") and "num_workers=2" in text
 
 
+def test_threads_are_advised_with_what_they_must_not_share() -> None:
+    hazards = ("dataset.fh (thread-shared-file)", "dataset.db (thread-sqlite)")
+    text = method_advice(ThreadProbe(8, 190.0, 1480.0, cpu_share=0.02), 2, hazards)
+    assert "First fix what the threads would share: dataset.fh (thread-shared-file), " in text
+    assert "worker_method='thread')" in text
+    held = method_advice(ThreadProbe(8, 100.0, 104.0, cpu_share=0.99), 2, hazards)
+    assert "First fix" not in held  # processes advised: the threads' hazards do not matter
+
+
 def test_samples_that_hold_the_gil_mean_processes() -> None:
     text = method_advice(ThreadProbe(8, 100.0, 104.0, cpu_share=0.99), cpus=2)
     assert text.startswith("Samples hold the GIL")

@@ -43,6 +43,7 @@ __all__ = [
     "cuda_initialized",
     "descriptor_findings",
     "handle_findings",
+    "names_used",
     "rng_findings",
     "running_threads",
     "thread_findings",
@@ -198,7 +199,7 @@ def rng_findings(
     Not the global ones (each worker reseeds those, as torch's do), and not one whose
     name ``worker_init_fn`` uses (it replaces or reseeds it there, as the fix says).
     """
-    renewed = _names_used(worker_init_fn)
+    renewed = names_used(worker_init_fn)
     findings = []
     for path, rng in walk.rngs:
         if _is_global_rng(rng) or path.rsplit(".", 1)[-1] in renewed:
@@ -245,7 +246,7 @@ def _seeded(rng: Any) -> str:
     return f"{name.replace('numpy.', 'np.', 1)}(info.seed)"
 
 
-def _names_used(func: Any) -> set[str]:
+def names_used(func: Any) -> set[str]:
     """The global and attribute names the code of ``func`` (and code nested in it) uses."""
     if isinstance(func, functools.partial):
         func = func.func

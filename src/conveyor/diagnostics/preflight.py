@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,10 +39,12 @@ from .fork_hazards import (
     thread_findings,
 )
 from .pickling import explain_unpicklable, find_unpicklable
+from .thread_hazards import thread_hazard_findings
 from .walk import Walk
 
 __all__ = ["Finding", "Report", "Severity", "automatic_findings", "check", "run_automatic"]
 
+_WORKER_METHODS = ("multiprocessing", "thread", "ray")
 _MAX_BATCH_LEAVES = 10_000
 _FULL_WALK_OBJECTS = 20_000  # check() may look further than the automatic pre-flight
 _SKIP_NOTE = (
@@ -62,6 +65,11 @@ class _Target:
     auto_collation: bool
     collate_fn: Callable[[Any], Any] | None
     iterable: bool
+    worker_method: str = "multiprocessing"  # or "thread": nothing pickled, nothing forked
+
+    @property
+    def threads(self) -> bool:
+        return self.worker_method == "thread"
 
     @property
     def dataset(self) -> Any:
@@ -71,6 +79,8 @@ class _Target:
         workers = f"{self.num_workers} worker" + ("" if self.num_workers == 1 else "s")
         kind = type(self.dataset)
         name = f"{kind.__module__}.{kind.__qualname__}"
+        if self.threads:
+            return f"{name} ({self.num_workers} thread {workers.split(' ', 1)[1]})"
         return f"{name} ({workers}, start method {self.start_method.name!r})"
 
 
@@ -79,14 +89,15 @@ def check(
     *,
     num_workers: int | None = None,
     multiprocessing_context: str | BaseContext | None = None,
+    worker_method: str | None = None,
 ) -> Report:
     """Check a dataset (or a ``DataLoader``, or its ``LoaderConfig``) for what would
-    break in worker processes.
+    break in worker processes (or thread workers: ``worker_method="thread"``).
 
     Returns a :class:`Report`; ``print(report)`` for people, ``report.errors`` and
-    ``report.warnings`` for programs. A loader is checked with its own settings,
-    which ``num_workers`` and ``multiprocessing_context`` override. A bare dataset
-    is checked as ``DataLoader(dataset, num_workers=...)`` would load it (batch
+    ``report.warnings`` for programs. A loader is checked with its own settings, which
+    ``num_workers``, ``multiprocessing_context`` and ``worker_method`` override. A bare
+    dataset is checked as ``DataLoader(dataset, num_workers=...)`` would load it (batch
     size 1, the default start method), with as many workers as usable CPUs unless
     ``num_workers`` says otherwise. With ``num_workers=0`` there is nothing to
     find: nothing crosses a process boundary.
@@ -95,13 +106,22 @@ def check(
     estimate memory, so it costs more than the automatic pre-flight.
     """
     target = _target(dataset_or_loader, num_workers, multiprocessing_context)
+    if worker_method is not None:
+        if worker_method not in _WORKER_METHODS:
+            raise ConfigError(
+                f"worker_method should be one of {_WORKER_METHODS}, got {worker_method!r}"
+            )
+        target = dataclasses.replace(target, worker_method=worker_method)
+    if target.worker_method == "ray":  # the objects reach Ray's workers pickled, as spawn's do
+        target = dataclasses.replace(target, start_method=StartMethod("spawn"))
     findings: list[Finding] = []
     if target.num_workers > 0:
-        pickled = target.start_method.pickles_objects
+        pickled = target.start_method.pickles_objects and not target.threads
         walk = Walk(target.roots, pickled=pickled, max_objects=_FULL_WALK_OBJECTS)
         findings += _object_findings(walk, target, full=True)
-        findings += environment.cpu_findings(target.num_workers)
-        findings += environment.fd_findings(target.num_workers)
+        if not target.threads:  # threads take no process, no descriptors, and may outnumber cores
+            findings += environment.cpu_findings(target.num_workers)
+            findings += environment.fd_findings(target.num_workers)
         batch_bytes = _batch_bytes(target)
         if batch_bytes:
             findings += environment.memory_findings(
@@ -116,6 +136,9 @@ def automatic_findings(config: LoaderConfig) -> list[Finding]:
 
 
 def _automatic(target: _Target) -> list[Finding]:
+    if target.threads:
+        walk = Walk(target.roots, pickled=False)
+        return thread_hazard_findings(walk, dict(target.roots).get("worker_init_fn"))
     walk = Walk(target.roots, pickled=target.start_method.pickles_objects)
     findings = _object_findings(walk, target, full=False)
     findings += environment.cpu_findings(target.num_workers, automatic=True)
@@ -190,10 +213,13 @@ def _from_config(
         auto_collation=config.auto_collation,
         collate_fn=config.collate_fn,
         iterable=config.iterable,
+        worker_method=config.worker_method,
     )
 
 
 def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding]:
+    if target.threads:
+        return thread_hazard_findings(walk, dict(target.roots).get("worker_init_fn"))
     method = target.start_method
     findings = handle_findings(walk, method)
     if full and method.pickles_objects:  # the definitive answer: pickle each root

@@ -68,7 +68,7 @@ def advise(profile: Profile, findings: Sequence[Finding] = ()) -> list[str]:
             "pass persistent_workers=True so they start once, not every epoch."
         )
     if profile.threads is not None:
-        advice.append(method_advice(profile.threads, profile.cpus))
+        advice.append(method_advice(profile.threads, profile.cpus, profile.thread_hazards))
     fastest = profile.fastest
     if fastest is not None:
         advice.append(
@@ -82,8 +82,15 @@ def _place(finding: Finding) -> str:
     return finding.where or "environment"
 
 
-def method_advice(probe: ThreadProbe, cpus: int) -> str:
-    """Processes or threads, from how the samples fetched in threads."""
+def method_advice(probe: ThreadProbe, cpus: int, hazards: tuple[str, ...] = ()) -> str:
+    """Processes or threads, from how the samples fetched in threads; ``hazards`` are what
+    thread workers would share (``"dataset.fh (thread-shared-file)"``), to fix first."""
+    first = (
+        f" First fix what the threads would share: {', '.join(hazards)}; "
+        "conveyor.check(loader, worker_method='thread') says why and how."
+        if hazards
+        else ""
+    )
     measured = (
         f"one thread fetched {probe.one_thread_per_s:,.0f} samples/s computing "
         f"{probe.cpu_share:.0%} of the time; {probe.threads} threads fetched "
@@ -93,14 +100,13 @@ def method_advice(probe: ThreadProbe, cpus: int) -> str:
         return (
             f"Samples mostly wait ({measured}): use many threads, "
             "worker_method='thread' with num_workers well past the CPUs (16, 32, 64: "
-            "as many requests as the storage serves), or worker processes each running "
-            "several threads."
+            "as many requests as the storage serves)." + first
         )
     if probe.speedup >= max(1.3, RELEASES_GIL * min(probe.threads, cpus)):
         return (
             f"Samples release the GIL ({measured}): thread workers load as fast as "
             f"processes here, with one copy of the dataset: worker_method='thread', "
-            f"num_workers={cpus}."
+            f"num_workers={cpus}." + first
         )
     return (
         f"Samples hold the GIL ({measured}): threads cannot run them in parallel; keep "

@@ -66,6 +66,7 @@ def examine(
             prefetch_factor=target.prefetch_factor if most else None,
         )
     report = check(loader, num_workers=most, multiprocessing_context=method)
+    hazards = check(loader, num_workers=max(most, 1), worker_method="thread")
 
     times, fetch_error = time_fetches(target.dataset)
     runs = tuple(
@@ -83,6 +84,7 @@ def examine(
         runs=runs,
         problems=(fetch_error,) if fetch_error else (),
         threads=None if fetch_error else probe_threads(target.dataset),
+        thread_hazards=tuple(f"{f.where} ({f.code})" for f in hazards.findings),
     )
     return report, profile
 

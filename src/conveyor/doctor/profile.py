@@ -50,6 +50,7 @@ class Profile:
     runs: tuple[LoaderRun, ...] = ()
     problems: tuple[str, ...] = ()  # a sample that failed in-process
     threads: ThreadProbe | None = None  # map-style datasets whose samples all loaded
+    thread_hazards: tuple[str, ...] = ()  # where thread workers would share a handle or rng
 
     @property
     def batch_parts(self) -> tuple[int, int] | None:
