@@ -122,6 +122,9 @@ class LoaderStatistics:
     slots_in_use: int = 0  # shared-memory slots holding batches now (process workers)
     worker_method: str = "multiprocessing"  # or "thread", "ray"; num_workers=0: "none"
     notes: tuple[str, ...] = ()  # what num_workers="auto" chose and why, and the like
+    # num_workers="auto": seconds from the first batch until the count stopped changing
+    # (None: not settled yet, or a fixed count).
+    settled_after_s: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = {
@@ -134,6 +137,8 @@ class LoaderStatistics:
             "ready": self.ready,
             "slots_in_use": self.slots_in_use,
         }
+        if self.settled_after_s is not None:
+            out["auto_settled_after_s"] = self.settled_after_s
         if self.workers:
             out["worker_busy_share"] = sum(w.busy_share for w in self.workers) / len(self.workers)
         out.update(self.stages.as_dict("epoch/"))

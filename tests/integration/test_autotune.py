@@ -102,17 +102,23 @@ def test_auto_never_goes_past_the_memory_budget(record_property: Any) -> None:
     assert any("would not fit the memory left" in note for note in report["notes"]), report
 
 
-def test_auto_retires_workers_the_loop_does_not_wait_for() -> None:
-    """A slow training step: workers idle most of the time, one goes each window."""
+def test_auto_retires_workers_the_loop_does_not_wait_for_and_settles() -> None:
+    """A slow training step: workers idle most of the time, one goes each window, down to
+    one; then nothing changes, and after a few windows the count is said to be settled."""
     with no_leaks():
         loader = DataLoader(
-            np.arange(640.0), batch_size=8, num_workers="auto", worker_method="thread"
+            np.arange(80_000.0), batch_size=8, num_workers="auto", worker_method="thread"
         )
-        seen = []
+        seen: list[float] = []
         for batch in loader:
             seen += batch.tolist()
-            threading.Event().wait(0.03)  # the training step
-        stats = loader.statistics()
+            threading.Event().wait(0.01)  # the training step
+            stats = loader.statistics() if len(seen) % 64 == 0 else None
+            if stats is not None and stats.settled_after_s is not None:
+                break
         del loader
-    assert seen == list(range(640))
+    assert seen == list(range(len(seen)))
     assert stats is not None and any("retired a worker" in note for note in stats.notes)
+    assert stats.settled_after_s is not None, stats.notes  # well before the 10,000 batches
+    assert stats.notes[-1].startswith("settled at 1 worker after ")
+    assert stats.as_dict()["auto_settled_after_s"] == stats.settled_after_s

@@ -5,6 +5,7 @@ Timings are never asserted; only that the runs happen and produce sane, positive
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -27,6 +28,7 @@ from conveyor.benchmark import (
     specs,
     workloads,
 )
+from conveyor.benchmark import notes as benchmark_notes
 from conveyor.benchmark.measure import (
     Accelerator,
     PlainLoop,
@@ -220,6 +222,20 @@ def test_bad_options_are_rejected(kwargs: dict[str, object]) -> None:
 
 def _fake(seconds: float, samples: int = 100, epochs: int = 0) -> Measurement:
     return Measurement(10, samples, seconds, 0.01, 2**20, 0, epochs=epochs)
+
+
+def test_auto_rows_say_how_long_the_count_took_to_settle() -> None:
+    def settled(after: float | None, waited: bool = True) -> Measurement:
+        return dataclasses.replace(_fake(1.0), settled_after_s=after, waited_to_settle=waited)
+
+    notes = benchmark_notes._settle_notes
+    assert notes([settled(4.0), settled(6.5), settled(5.0)]) == [
+        "auto settled after 5.0 s (median), timed after"
+    ]
+    assert notes([settled(4.0), settled(None)]) == [
+        "auto settled in 1 of 2 runs within 30 s; the others were timed while it adapted"
+    ]
+    assert notes([settled(None, waited=False)]) == []  # --quick does not wait for it
 
 
 def test_report_renders_rows_ratios_and_failures() -> None:

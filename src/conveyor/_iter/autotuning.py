@@ -38,12 +38,20 @@ class WorkerCount:
         self._window = tally.clock.mark(time.monotonic())
         self._active_from = self._active()
         self._leaving: set[int] = set()  # retired, still answering their tasks
+        self._started = time.monotonic()
+        # Seconds from the start to the window that settled the count (None: not settled).
+        self.settled_after_s: float | None = None
 
     @property
     def notes(self) -> tuple[str, ...]:
         notes = [f"{count} workers: {why}" for count, why in self._tuner.history]
         if self._tuner.held_back is not None:
             notes.append(self._tuner.held_back)
+        if self.settled_after_s is not None:
+            notes.append(
+                f"settled at {self._book.serving} worker{'' if self._book.serving == 1 else 's'} "
+                f"after {self.settled_after_s:.1f} s (no change for the last windows)"
+            )
         return tuple(notes)
 
     def after_batch(self) -> None:
@@ -74,7 +82,10 @@ class WorkerCount:
         if decision.change < 0:
             self._retire()
         if decision.change:
+            self.settled_after_s = None
             logger.info("num_workers='auto': %s", decision.why)
+        elif self._tuner.settled and self.settled_after_s is None:
+            self.settled_after_s = now - self._started
 
     def _active(self) -> float | None:
         """The workers' seconds running or runnable so far (None: their kind can't say)."""

@@ -61,7 +61,9 @@ class Supervisor:
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
             tasks=book.tasks.values(), usage=usage, alive=alive,
         )  # fmt: skip
-        return stats if self.count is None else replace(stats, notes=self.count.notes)
+        if self.count is None:
+            return stats
+        return replace(stats, notes=self.count.notes, settled_after_s=self.count.settled_after_s)
 
     def pids(self) -> list[int | None]:
         inspect = self._pool.abilities.inspect

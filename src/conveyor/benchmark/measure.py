@@ -34,6 +34,7 @@ LoaderFactory = Callable[[], Iterable[Any]]
 Collate = Callable[[Any], Any]
 
 _MEMORY_SAMPLES = 4
+SETTLE_LIMIT_S = 30.0  # num_workers="auto": how long to wait for the count to settle
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Measurement:
     workers_cpu_s: float | None = None
     workers_page_faults: int | None = None
     worker_processes: int = 0  # descendants seen at the window's end (helpers left out)
+    # num_workers="auto": seconds until the count settled, before the window (None: it did
+    # not within SETTLE_LIMIT_S, or the run was not asked to wait for it).
+    settled_after_s: float | None = None
+    waited_to_settle: bool = False
 
     @property
     def waited_share(self) -> float:
@@ -226,16 +231,21 @@ class TrainingStep:
 
 
 def _time_window(
-    make_loader: LoaderFactory, window: WindowSpec, train: TrainingStep | None = None
+    make_loader: LoaderFactory,
+    window: WindowSpec,
+    train: TrainingStep | None = None,
+    settle: bool = False,
 ) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
-    it = iter(make_loader())
+    loader = make_loader()
+    it = iter(loader)
     for _ in range(window.warmup):
         warm = next(it)
         touch(warm)
         if train is not None:
             train.run(warm, timed=False)
         del warm
+    settled = _settle(loader, it, train) if settle else None
     peak = tree_rss()
     next_sample = 1
     samples = batches = 0
@@ -283,6 +293,8 @@ def _time_window(
         workers_cpu_s=workers_cpu,
         workers_page_faults=workers_faults,
         worker_processes=len(workers.usage),
+        settled_after_s=settled,
+        waited_to_settle=settle,
     )
     if train is None:
         return result
@@ -337,10 +349,31 @@ def measure_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measuremen
     return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
-def measure_throughput(make_loader: LoaderFactory, window: WindowSpec) -> Measurement:
-    """Time a window of batches after warm-up; the loader is built and dropped in here."""
+def _settle(loader: Any, it: Iterator[Any], train: TrainingStep | None) -> float | None:
+    """Batches until conveyor's ``num_workers="auto"`` says its count settled (at most
+    :data:`SETTLE_LIMIT_S`): the seconds it took, from its start, or None."""
+    deadline, batches = time.perf_counter() + SETTLE_LIMIT_S, 0
+    while time.perf_counter() < deadline:
+        batch = next(it)
+        touch(batch)
+        if train is not None:
+            train.run(batch, timed=False)
+        del batch
+        batches += 1
+        if batches % 8 == 0:
+            settled = loader.statistics().settled_after_s
+            if settled is not None:
+                return float(settled)
+    return None
+
+
+def measure_throughput(
+    make_loader: LoaderFactory, window: WindowSpec, *, settle: bool = False
+) -> Measurement:
+    """Time a window of batches after warm-up (with ``settle``, after conveyor's
+    ``num_workers="auto"`` settled too); the loader is built and dropped in here."""
     before = descendants()
-    result = _time_window(make_loader, window)
+    result = _time_window(make_loader, window, settle=settle)
     return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
@@ -349,11 +382,13 @@ def measure_training(
     window: WindowSpec,
     step_s: float,
     accelerator: Accelerator | None = None,
+    *,
+    settle: bool = False,
 ) -> Measurement:
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
     loader is built and dropped in here."""
     before = descendants()
-    result = _time_window(make_loader, window, TrainingStep(step_s, accelerator))
+    result = _time_window(make_loader, window, TrainingStep(step_s, accelerator), settle)
     return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 
 from conveyor.benchmark.machine import MachineCheck
+from conveyor.benchmark.measure import SETTLE_LIMIT_S, Measurement
 from conveyor.benchmark.rows import ALTERNATIVES, INLINE_CONFIG, LOADERS, PLAIN, REFERENCE, Row
 from conveyor.benchmark.specs import WorkloadSpec
 
@@ -96,6 +97,8 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             row.notes.extend(_training_notes(row))
         if row.kind == "variant" and mine and (v := row.median("conveyor")):
             row.notes.append(f"{v / mine:.2f}x conveyor's workers row above")
+        if row.kind == "variant" and _worker_count(spec, row) is None:
+            row.notes.extend(_settle_notes(row.runs.get("conveyor", [])))
         ideal = spec.ideal_samples_per_s
         if spec.per_worker_ideal and row.kind in ("throughput", "variant"):
             count = _worker_count(spec, row)
@@ -107,6 +110,20 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             if leaked:
                 row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
         row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _settle_notes(runs: list[Measurement]) -> list[str]:
+    """num_workers="auto": how long its count took to settle (the window is timed after)."""
+    runs = [m for m in runs if m.waited_to_settle]  # a quick run does not wait for it
+    if not runs:
+        return []
+    settled = [m.settled_after_s for m in runs if m.settled_after_s is not None]
+    if len(settled) < len(runs):
+        return [
+            f"auto settled in {len(settled)} of {len(runs)} runs within {SETTLE_LIMIT_S:.0f} s; "
+            "the others were timed while it adapted"
+        ]
+    return [f"auto settled after {statistics.median(settled):.1f} s (median), timed after"]
 
 
 def _workers_notes(

@@ -317,8 +317,8 @@ def _run_workload(
             _run_row(row, factories, measure, options.repeat, progress)
             rows.append(row)
 
-    def throughput(factory: LoaderFactory) -> Measurement:
-        return measure_throughput(factory, window)
+    def throughput(factory: LoaderFactory, *, settle: bool = False) -> Measurement:
+        return measure_throughput(factory, window, settle=settle)
 
     def run_variants(
         measure: Callable[..., Measurement], extra: dict[str, Any] | None = None
@@ -328,13 +328,17 @@ def _run_workload(
             return
         for variant in spec.variants:
             kwargs = {**(extra or {}), **dict(variant.extra)}
+            # "auto" is timed once its count settled (not in a quick run: that takes seconds);
+            # how long it took is the row's note.
+            settle = variant.workers == "auto" and not options.quick
+            timed = functools.partial(measure, settle=True) if settle else measure
             row, factories = loader_row(
                 variant.label, "variant", 1, extra=kwargs, names=("conveyor",)
             )
             factories["conveyor"] = _loader_factory(
                 loaders.classes["conveyor"], dataset, spec, variant.workers, method, kwargs
             )
-            run(row, factories, measure)
+            run(row, factories, timed)
 
     def epochs(factory: LoaderFactory) -> Measurement:
         return measure_epochs(factory, window)
@@ -351,8 +355,8 @@ def _run_workload(
         config = f"{_config_label(spec, method)}, {1000 * spec.step_s:g} ms step, {where}"
         row, factories = loader_row(config, "train", spec.num_workers, extra=pinned)
 
-        def train(factory: LoaderFactory) -> Measurement:
-            return measure_training(factory, window, spec.step_s, accelerator)
+        def train(factory: LoaderFactory, *, settle: bool = False) -> Measurement:
+            return measure_training(factory, window, spec.step_s, accelerator, settle=settle)
 
         run(row, factories, train)
         run_variants(train, extra=pinned)
