@@ -318,7 +318,9 @@ def _run_workload(
             rows.append(row)
 
     def throughput(factory: LoaderFactory, *, settle: bool = False) -> Measurement:
-        return measure_throughput(factory, window, settle=settle)
+        if settle:
+            return measure_throughput(factory, window, settle=True)
+        return measure_throughput(factory, window)
 
     def run_variants(
         measure: Callable[..., Measurement], extra: dict[str, Any] | None = None
@@ -356,7 +358,9 @@ def _run_workload(
         row, factories = loader_row(config, "train", spec.num_workers, extra=pinned)
 
         def train(factory: LoaderFactory, *, settle: bool = False) -> Measurement:
-            return measure_training(factory, window, spec.step_s, accelerator, settle=settle)
+            if settle:
+                return measure_training(factory, window, spec.step_s, accelerator, settle=True)
+            return measure_training(factory, window, spec.step_s, accelerator)
 
         run(row, factories, train)
         run_variants(train, extra=pinned)
