@@ -125,6 +125,7 @@ class LoaderStatistics:
     # num_workers="auto": seconds from the first batch until the count stopped changing
     # (None: not settled yet, or a fixed count).
     settled_after_s: float | None = None
+    auto_workers: int | None = None  # num_workers="auto": how many serve now
 
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = {
@@ -137,6 +138,8 @@ class LoaderStatistics:
             "ready": self.ready,
             "slots_in_use": self.slots_in_use,
         }
+        if self.auto_workers is not None:
+            out["auto_workers"] = self.auto_workers
         if self.settled_after_s is not None:
             out["auto_settled_after_s"] = self.settled_after_s
         if self.workers:

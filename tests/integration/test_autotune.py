@@ -122,3 +122,4 @@ def test_auto_retires_workers_the_loop_does_not_wait_for_and_settles() -> None:
     assert stats.settled_after_s is not None, stats.notes  # well before the 10,000 batches
     assert stats.notes[-1].startswith("settled at 1 worker after ")
     assert stats.as_dict()["auto_settled_after_s"] == stats.settled_after_s
+    assert stats.auto_workers == 1

@@ -225,12 +225,17 @@ def _fake(seconds: float, samples: int = 100, epochs: int = 0) -> Measurement:
 
 
 def test_auto_rows_say_how_long_the_count_took_to_settle() -> None:
-    def settled(after: float | None, waited: bool = True) -> Measurement:
-        return dataclasses.replace(_fake(1.0), settled_after_s=after, waited_to_settle=waited)
+    def settled(after: float | None, waited: bool = True, workers: int = 2) -> Measurement:
+        return dataclasses.replace(
+            _fake(1.0),
+            settled_after_s=after,
+            settled_workers=None if after is None else workers,
+            waited_to_settle=waited,
+        )
 
     notes = benchmark_notes._settle_notes
-    assert notes([settled(4.0), settled(6.5), settled(5.0)]) == [
-        "auto settled after 5.0 s (median), timed after"
+    assert notes([settled(4.0), settled(6.5), settled(5.0, workers=3)]) == [
+        "auto settled at 2/3 workers after 5.0 s (median), timed after"
     ]
     assert notes([settled(4.0), settled(None)]) == [
         "auto settled in 1 of 2 runs within 30 s; the others were timed while it adapted"

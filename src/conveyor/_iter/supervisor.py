@@ -63,7 +63,13 @@ class Supervisor:
         )  # fmt: skip
         if self.count is None:
             return stats
-        return replace(stats, notes=self.count.notes, settled_after_s=self.count.settled_after_s)
+        count = self.count
+        return replace(
+            stats,
+            notes=count.notes,
+            settled_after_s=count.settled_after_s,
+            auto_workers=book.serving,
+        )
 
     def pids(self) -> list[int | None]:
         inspect = self._pool.abilities.inspect

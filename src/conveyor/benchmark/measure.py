@@ -61,6 +61,7 @@ class Measurement:
     # num_workers="auto": seconds until the count settled, before the window (None: it did
     # not within SETTLE_LIMIT_S, or the run was not asked to wait for it).
     settled_after_s: float | None = None
+    settled_workers: int | None = None
     waited_to_settle: bool = False
 
     @property
@@ -245,7 +246,7 @@ def _time_window(
         if train is not None:
             train.run(warm, timed=False)
         del warm
-    settled = _settle(loader, it, train) if settle else None
+    settled, settled_workers = _settle(loader, it, train) if settle else (None, None)
     peak = tree_rss()
     next_sample = 1
     samples = batches = 0
@@ -294,6 +295,7 @@ def _time_window(
         workers_page_faults=workers_faults,
         worker_processes=len(workers.usage),
         settled_after_s=settled,
+        settled_workers=settled_workers,
         waited_to_settle=settle,
     )
     if train is None:
@@ -349,9 +351,11 @@ def measure_epochs(make_loader: LoaderFactory, window: WindowSpec) -> Measuremen
     return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 
-def _settle(loader: Any, it: Iterator[Any], train: TrainingStep | None) -> float | None:
+def _settle(
+    loader: Any, it: Iterator[Any], train: TrainingStep | None
+) -> tuple[float | None, int | None]:
     """Batches until conveyor's ``num_workers="auto"`` says its count settled (at most
-    :data:`SETTLE_LIMIT_S`): the seconds it took, from its start, or None."""
+    :data:`SETTLE_LIMIT_S`): the seconds it took, from its start, and the count; or Nones."""
     deadline, batches = time.perf_counter() + SETTLE_LIMIT_S, 0
     while time.perf_counter() < deadline:
         batch = next(it)
@@ -361,10 +365,10 @@ def _settle(loader: Any, it: Iterator[Any], train: TrainingStep | None) -> float
         del batch
         batches += 1
         if batches % 8 == 0:
-            settled = loader.statistics().settled_after_s
-            if settled is not None:
-                return float(settled)
-    return None
+            stats = loader.statistics()
+            if stats.settled_after_s is not None:
+                return float(stats.settled_after_s), stats.auto_workers
+    return None, None
 
 
 def measure_throughput(

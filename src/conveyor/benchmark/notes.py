@@ -123,7 +123,9 @@ def _settle_notes(runs: list[Measurement]) -> list[str]:
             f"auto settled in {len(settled)} of {len(runs)} runs within {SETTLE_LIMIT_S:.0f} s; "
             "the others were timed while it adapted"
         ]
-    return [f"auto settled after {statistics.median(settled):.1f} s (median), timed after"]
+    counts = sorted({m.settled_workers for m in runs if m.settled_workers is not None})
+    at = f" at {'/'.join(map(str, counts))} workers" if counts else ""
+    return [f"auto settled{at} after {statistics.median(settled):.1f} s (median), timed after"]
 
 
 def _workers_notes(

@@ -48,7 +48,7 @@ from conveyor.benchmark.rows import (
     RowKind,
 )
 from conveyor.benchmark.specs import DEFAULT_WORKLOADS, WORKLOADS, WorkloadSpec
-from conveyor.benchmark.workloads import MapDataset
+from conveyor.benchmark.workloads import MapDataset, Repeated
 
 __all__ = [
     "ALTERNATIVES",
@@ -67,6 +67,7 @@ __all__ = [
 ALL_LOADERS = (*LOADERS, *ALTERNATIVES)
 QUICK_LOADERS = LOADERS  # --quick leaves the alternatives out unless --loaders names them
 _TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
+SETTLE_REPEATS = 1000  # a window's dataset over again, for the seconds 'auto' takes to settle
 _MACHINE_CHECK_S = (0.3, 0.05)  # each process's run in the machine check: full, --quick
 
 # conveyor's per-batch features, all on: what they cost is the gap to the workers row.
@@ -334,11 +335,13 @@ def _run_workload(
             # how long it took is the row's note.
             settle = variant.workers == "auto" and not options.quick
             timed = functools.partial(measure, settle=True) if settle else measure
+            # Settling takes seconds of batches before the window: the samples, many times over.
+            data = Repeated(dataset, SETTLE_REPEATS) if settle else dataset
             row, factories = loader_row(
                 variant.label, "variant", 1, extra=kwargs, names=("conveyor",)
             )
             factories["conveyor"] = _loader_factory(
-                loaders.classes["conveyor"], dataset, spec, variant.workers, method, kwargs
+                loaders.classes["conveyor"], data, spec, variant.workers, method, kwargs
             )
             run(row, factories, timed)
 

@@ -32,6 +32,21 @@ def _check_index(index: int, length: int) -> None:
         raise IndexError(f"index {index} out of range for a dataset of length {length}")
 
 
+class Repeated:
+    """``dataset``'s samples ``times`` over: room for a run that first waits for
+    ``num_workers="auto"`` to settle (seconds of batches) and then times its window."""
+
+    def __init__(self, dataset: MapDataset, times: int) -> None:
+        self.dataset, self.times = dataset, times
+
+    def __len__(self) -> int:
+        return len(self.dataset) * self.times
+
+    def __getitem__(self, index: int) -> Any:
+        _check_index(index, len(self))
+        return self.dataset[index % len(self.dataset)]
+
+
 class TinyDataset:
     """Sample ``i``: (a float32 vector of 16 values, an int label); a row of a small table."""
 
