@@ -27,10 +27,10 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
 from ._replaced import AcceleratePrepared
+from ._worker_arguments import too_many_workers, worker_arguments
 from ._workers.ray_cluster import require_ray
 from .config import LoaderConfig, LoaderHistory, Options, StartMethod
 from .dataset import is_iterable_dataset
-from .diagnostics import environment
 from .diagnostics.preflight import run_automatic
 from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
 from .observe.autotune import auto_workers
@@ -134,25 +134,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     ) -> None:
         self._tuner = auto_workers(num_workers, worker_method)  # num_workers="auto"
         num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
-        if num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; "
-                "use num_workers=0 to disable multiprocessing."
-            )
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing. "
-                "Let num_workers > 0 to enable multiprocessing, otherwise set "
-                "prefetch_factor to None."
-            )
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
+        prefetch_factor = worker_arguments(
+            num_workers, timeout, prefetch_factor, persistent_workers
+        )
 
         # A DataPipe shuffles and shards itself (see _datapipes): shuffle goes to its
         # shufflers, and the loader keeps torch's serialization wrapper around it.
@@ -500,14 +484,5 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             return  # threads mostly wait (I/O) or release the GIL: more than cores is fine
         if self.worker_method == "ray":
             return  # the cluster's CPUs, not this machine's
-        cpus = environment.affinity()  # torch counts the affinity mask too
-        if self.num_workers > cpus:
-            warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker processes in total. "
-                f"Our suggested max number of worker in current system is {cpus}, which is "
-                "smaller than what this DataLoader is going to create. Please be aware that "
-                "excessive worker creation might get DataLoader running slow or even freeze, "
-                "lower the worker number to avoid potential slowness/freeze if necessary.",
-                UserWarning,
-                stacklevel=2,
-            )
+        if (text := too_many_workers(self.num_workers)) is not None:
+            warnings.warn(text, UserWarning, stacklevel=2)

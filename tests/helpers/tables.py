@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor._iter.book import FILED, SURVIVED, Handout, TaskBook
+from conveyor._iter.book import FILED, SURVIVED, TaskBook
 from conveyor._iter.crashes import CrashJudge, GiveUpAt, Restart
 from conveyor._iter.deadlines import Busy, Deadlines, Overdue, Stalled, TimedOut
+from conveyor._iter.steps import Handout
 from conveyor._iter.tally import Tally
 from conveyor._workers.events import Died
 from conveyor._workers.protocol import BatchDone, Stage

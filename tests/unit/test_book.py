@@ -9,7 +9,8 @@ import pytest
 from tests.helpers.tables import DONE, batches, dispatch, loop, step_kinds
 
 from conveyor._iter import failures
-from conveyor._iter.book import FILED, STALE, EpochEnd, GiveUp, Handout, Position, TaskBook, Wait
+from conveyor._iter.book import FILED, STALE, TaskBook
+from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Position, Wait
 from conveyor._iter.tally import Tally
 from conveyor._workers.protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
 from conveyor._workers.remote_error import capture

@@ -17,8 +17,8 @@ from tests.helpers.tables import (
     step_kinds,
 )
 
-from conveyor._iter.book import GiveUp, Handout, Wait
 from conveyor._iter.crashes import Restart
+from conveyor._iter.steps import GiveUp, Handout, Wait
 from conveyor._workers.protocol import Stage
 from conveyor.errors import WorkerCrashedError
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from tests.helpers.tables import batches, died, dispatch, loop, step_kinds
 
-from conveyor._iter.book import Handout
 from conveyor._iter.crashes import Restart
 from conveyor._iter.deadlines import Busy, Stalled, TimedOut
+from conveyor._iter.steps import Handout
 from conveyor._workers.protocol import BatchDone, Stage
 from conveyor._workers.status import WorkerStatus
 from conveyor.errors import WorkerTimeoutError

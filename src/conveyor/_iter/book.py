@@ -36,6 +36,7 @@ from ..config import SupervisionPolicy
 from ..records import SkippedSample
 from .run_ahead import RunAhead
 from .skips import LeftOutNote, SkipLedger, notes_of
+from .steps import EpochEnd, GiveUp, Handout, NextStep, Position, Wait
 
 if TYPE_CHECKING:
     from .crashes import LeaveOut, Restart
@@ -44,6 +45,7 @@ ITERABLE, BATCH, SINGLE = range(3)  # how a task's ``index`` holds dataset indic
 # What on_reply says of a reply: filed; stale (the loop frees its payload); or the
 # verdict of a suspect tried alone (freed too; the crash judge clears the suspect).
 FILED, STALE, SURVIVED = range(3)
+_FROM_THE_START = Position()
 
 
 # --- what the book keeps ------------------------------------------------------------
@@ -86,45 +88,6 @@ class WorkerRecord:
     active: bool = True  # an iterable dataset's worker is inactive once its iterator ends
     in_flight: int = 0  # tasks sent to it and not yet handed out
     retired: bool = False  # num_workers="auto" let it go: it gets no task again
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where an epoch's dispatch begins. Resumed: the first position not handed out,
-    the worker round-robin goes on with, and the positions past the first handed out
-    before the state was taken (``in_order=False``: they get no task)."""
-
-    first_seq: int = 0
-    first_worker: int = 0
-    handed_out_before: frozenset[int] = frozenset()
-
-
-# --- decisions ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Handout:
-    """The next task's reply for the user: a batch, its error, or nothing (emptied)."""
-
-    entry: Entry
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Nothing can be handed out until a worker answers."""
-
-
-@dataclass(frozen=True)
-class EpochEnd:
-    pass
-
-
-NextStep = Handout | GiveUp | Wait | EpochEnd
 
 
 # --- the book -----------------------------------------------------------------------
@@ -174,7 +137,7 @@ class TaskBook:
     # --- epochs ---------------------------------------------------------------------
 
     def start_epoch(
-        self, epoch: int, epoch_samples: int | None, at: Position = Position()
+        self, epoch: int, epoch_samples: int | None, at: Position = _FROM_THE_START
     ) -> list[Entry]:
         """Begin ``epoch`` (where ``at`` says). Returns the last epoch's tasks answered and
         never handed out (a ``break``): the loop gives their batches' memory back. Those

@@ -23,11 +23,11 @@ from ..config import LoaderConfig, LoaderHistory
 from ..sampling import draw_base_seed
 from ..stateful import load_into
 from . import messages
-from .book import Position
 from .cursor import SamplerCursor
 from .rng import replayed_draw
 from .run_ahead import SLOTS_BEYOND_PREFETCH
 from .state import ResumePoint
+from .steps import Position
 
 
 class EpochStart:

@@ -12,7 +12,6 @@ as the in-process iterator's does.
 
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 import weakref
@@ -23,10 +22,10 @@ from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
 from .._transport.arena import run_ahead_bytes
-from .._workers.api import BatchHandle, Pool, PoolFactory
+from .._workers import kinds
+from .._workers.api import BatchHandle, PoolFactory
 from .._workers.core import UserObjects
 from .._workers.events import Died, Received
-from .._workers.pool import WorkerPool
 from .._workers.protocol import (
     BatchDone,
     IterationEnded,
@@ -35,7 +34,6 @@ from .._workers.protocol import (
     StartupFailed,
     TaskFailed,
 )
-from .._workers.threads import ThreadPool
 from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
@@ -43,15 +41,16 @@ from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from ..sampling import consecutive_batches
 from . import failures
-from .book import FILED, SURVIVED, Entry, EpochEnd, GiveUp, Handout, Position, TaskBook, Wait
+from .book import FILED, SURVIVED, Entry, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
 from .failures import TaskError
-from .pin_ahead import PinAhead
+from .pin_ahead import PinAhead, close_in_order
 from .pinning import pin_batch, pin_thread_setup, pinning_enabled
 from .progress import Progress
 from .state import ResumePoint
+from .steps import EpochEnd, GiveUp, Handout, Position, Wait
 from .supervisor import Supervisor
 from .tally import Tally
 
@@ -101,13 +100,13 @@ class MultiprocessIterator:
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if pool_factory is None:
-            pool_factory = _pool_factory(config)
+            pool_factory = kinds.pool_factory(config)
         self._pool = pool_factory(config.start_method, user, self._specs)
         self._flush = self._pool.abilities.flush
         self._supervisor = Supervisor(config, book, self._pool, self._tally, now, self._specs)
         self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
-        self._finalizer = weakref.finalize(self, _close, self._pin_ahead, self._pool)
+        self._finalizer = weakref.finalize(self, close_in_order, self._pin_ahead, self._pool)
         self._not_ready = set(range(config.num_workers))
         self._failed_to_start: set[int] = set()  # workers that will never be ready
         self._streams = StreamCheck.wanted(config, history)  # iterable: do workers shard?
@@ -395,23 +394,3 @@ class MultiprocessIterator:
 
 
 _NOTHING = object()  # a handed-out task with no batch to give the user
-
-
-def _pool_factory(config: LoaderConfig) -> PoolFactory:
-    """The kind of worker ``config.worker_method`` names."""
-    if config.in_threads:
-        return ThreadPool
-    if config.remote:
-        from .._workers.ray_pool import RayPool  # Ray itself is imported when it starts
-
-        return functools.partial(RayPool, options=config.worker_options)
-    return WorkerPool
-
-
-def _close(pin_ahead: PinAhead | None, pool: Pool) -> None:
-    """Stop pinning before the pool goes: a pin in flight reads a batch in its memory."""
-    try:
-        if pin_ahead is not None:
-            pin_ahead.close()
-    finally:
-        pool.close()

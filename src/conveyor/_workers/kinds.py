@@ -1,0 +1,23 @@
+"""Which kind of worker a loader's ``worker_method`` names: the pool that runs them."""
+
+from __future__ import annotations
+
+import functools
+
+from ..config import LoaderConfig
+from .api import PoolFactory
+from .pool import WorkerPool
+from .threads import ThreadPool
+
+__all__ = ["pool_factory"]
+
+
+def pool_factory(config: LoaderConfig) -> PoolFactory:
+    """Processes (the default), threads, or Ray actors."""
+    if config.in_threads:
+        return ThreadPool
+    if config.remote:
+        from .ray_pool import RayPool  # Ray itself is imported when it starts
+
+        return functools.partial(RayPool, options=config.worker_options)
+    return WorkerPool
