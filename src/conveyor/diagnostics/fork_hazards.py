@@ -43,6 +43,7 @@ __all__ = [
     "cuda_initialized",
     "descriptor_findings",
     "handle_findings",
+    "handle_what",
     "names_used",
     "rng_findings",
     "running_threads",
@@ -111,7 +112,8 @@ def handle_findings(walk: Walk, start_method: StartMethod) -> list[Finding]:
     return findings
 
 
-def _what(handle: Handle) -> str:
+def handle_what(handle: Handle) -> str:
+    """``An open file ('/data/x.bin', mode 'rb')``: a handle for a finding's first words."""
     return _WHAT[handle.kind] + (f" ({handle.label})" if handle.label else "")
 
 
@@ -126,7 +128,7 @@ def _fork_finding(path: str, handle: Handle) -> Finding | None:
         code=_FORK_CODES[handle.kind],
         severity=severity,
         where=path,
-        what=f"{_what(handle)} would be shared by the forked workers",
+        what=f"{handle_what(handle)} would be shared by the forked workers",
         why=why,
         fix=per_worker_fix(path, handle),
     )
@@ -138,7 +140,7 @@ def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> 
             code="file-copied",
             severity=Severity.WARNING,
             where=path,
-            what=f"{_what(handle)} would reach the {start_method} workers as a copy of its "
+            what=f"{handle_what(handle)} would reach the {start_method} workers as a copy of its "
             "contents",
             why="cloudpickle sends a text file open for reading as an in-memory copy of the "
             "whole file: each worker gets a frozen snapshot, not the file, and a large file "
@@ -155,7 +157,7 @@ def _pickled_finding(path: str, obj: Any, handle: Handle, start_method: str) -> 
         code="unpicklable",
         severity=Severity.ERROR,
         where=path,
-        what=f"{_what(handle)} cannot be sent to the {start_method} workers",
+        what=f"{handle_what(handle)} cannot be sent to the {start_method} workers",
         why=why_unpicklable(path, type_name(obj), reason),
         fix=fix_for(path, type_name(obj), handle) + ".",
     )
@@ -176,7 +178,7 @@ def descriptor_findings(walk: Walk, start_method: StartMethod) -> list[Finding]:
                 code="raw-fd",
                 severity=Severity.WARNING,
                 where=path,
-                what=f"{_what(handle)} would reach the {start_method.name} workers as a bare "
+                what=f"{handle_what(handle)} would reach the {start_method.name} workers as a bare "
                 "number",
                 why=f"{path} is the int {fd}, a descriptor open in this process only. A "
                 f"{start_method.name} worker does not inherit it: there {fd} is closed "

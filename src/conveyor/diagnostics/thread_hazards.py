@@ -23,7 +23,7 @@ from typing import Any
 
 from .findings import Finding, Severity
 from .fixes import per_worker_fix
-from .fork_hazards import names_used
+from .fork_hazards import handle_what, names_used
 from .handles import Handle, describe_handle
 from .walk import Walk
 
@@ -37,11 +37,6 @@ _WHY = {
     "interleave and a thread receives another thread's reply.",
     "sqlite": "It was made with check_same_thread=True (SQLite's default), so it refuses every "
     "thread but the one that made it: each sample would raise sqlite3.ProgrammingError.",
-}
-_WHAT = {
-    "file": "An open file",
-    "socket": "An open socket",
-    "sqlite": "A SQLite connection",
 }
 _CODES = {
     "file": "thread-shared-file",
@@ -87,7 +82,7 @@ def _handle_finding(path: str, obj: Any) -> Finding | None:
         code=_CODES[handle.kind],
         severity=Severity.ERROR if handle.kind == "sqlite" else Severity.WARNING,
         where=path,
-        what=f"{_what(handle)} would be shared by the thread workers",
+        what=f"{handle_what(handle)} would be shared by the thread workers",
         why=_WHY[handle.kind],
         fix=_fix(path, handle),
     )
@@ -101,10 +96,6 @@ def _fix(path: str, handle: Handle) -> str:
             "worker in worker_init_fn (info.dataset is that thread's copy of the dataset)."
         )
     return per_worker_fix(path, handle).replace("each worker", "each thread worker", 1)
-
-
-def _what(handle: Handle) -> str:
-    return _WHAT[handle.kind] + (f" ({handle.label})" if handle.label else "")
 
 
 def _refuses_other_threads(conn: Any) -> bool:
