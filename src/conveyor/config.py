@@ -175,6 +175,7 @@ class Options:
     progress: bool = False
     report: bool = False
     worker_options: Mapping[str, Any] | None = None  # Ray actor options (worker_method="ray")
+    threads_per_worker: int = 1  # worker cores per worker process, each in a thread
 
     def __post_init__(self) -> None:
         self.policy()  # checks the failure options
@@ -196,6 +197,7 @@ class Options:
                 "'thread' in a thread of this process, 'ray' in an actor on a Ray cluster"
             )
         check_worker_options(self.worker_method, self.worker_options)
+        check_threads_per_worker(self.threads_per_worker, self.worker_method)
 
     def policy(self) -> SupervisionPolicy:
         return SupervisionPolicy(
@@ -238,6 +240,10 @@ class LoaderConfig:
     progress: bool = False  # a progress line as epochs go (observe/progress.py)
     report: bool = False  # the epoch's figures and verdict at its end (observe/watch.py)
     tuner: Autotuner | None = None  # num_workers="auto": chose the count, adapts it
+    # Worker cores per worker process, each in a thread: num_workers above counts cores
+    # (the loader's num_workers times this), each a worker to the loop, get_worker_info()
+    # and a checkpoint; the pool keeps each process's cores together.
+    threads_per_worker: int = 1
 
     @property
     def fixed_count(self) -> bool:
@@ -253,6 +259,12 @@ class LoaderConfig:
                 "on_timeout='raise' (the error names the sample and shows the thread's "
                 "stack), or worker_method='multiprocessing' to have stuck workers restarted."
             )
+
+    @property
+    def info_method(self) -> str:
+        """What ``get_worker_info().worker_method`` says: "thread" for every worker that
+        shares its process with other workers (thread workers, threads_per_worker > 1)."""
+        return "thread" if self.threads_per_worker > 1 else self.worker_method
 
     @property
     def in_threads(self) -> bool:
@@ -316,6 +328,19 @@ _RAY_OPTIONS_KEPT = {
     "namespace": "each worker's actor is conveyor's own",
     "get_if_exists": "each worker's actor is conveyor's own",
 }
+
+
+def check_threads_per_worker(threads: Any, worker_method: str) -> None:
+    """``threads_per_worker``: an int >= 1; above 1, for worker processes only."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads_per_worker must be an int >= 1, got {threads!r}")
+    if threads > 1 and worker_method != "multiprocessing":
+        raise ConfigError(
+            f"threads_per_worker={threads} runs threads inside worker processes, but "
+            f"worker_method={worker_method!r} starts no worker process. Use "
+            "worker_method='multiprocessing' with it, or drop it (with worker_method='thread', "
+            "num_workers is the number of threads)."
+        )
 
 
 def check_worker_options(worker_method: str, options: Mapping[str, Any] | None) -> None:

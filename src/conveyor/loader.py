@@ -131,8 +131,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         progress: bool = False,
         report: bool = False,
         worker_options: Mapping[str, Any] | None = None,
+        threads_per_worker: int = 1,
     ) -> None:
-        self._tuner = auto_workers(num_workers, worker_method)  # num_workers="auto"
+        self._tuner = auto_workers(num_workers, worker_method, threads_per_worker)
         num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
         prefetch_factor = worker_arguments(
             num_workers, timeout, prefetch_factor, persistent_workers
@@ -166,6 +167,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             worker_options=dict(worker_options)
             if isinstance(worker_options, Mapping)
             else worker_options,
+            threads_per_worker=threads_per_worker,
         )
         for name in self.conveyor_options:
             setattr(self, name, getattr(options, name))
@@ -272,7 +274,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             generator=self.generator,
-            num_workers=self.num_workers,
+            # Each worker process's cores in threads are workers to the loop.
+            num_workers=self.num_workers * options.threads_per_worker,
             prefetch_factor=self.prefetch_factor or 0,
             timeout=self.timeout,
             in_order=self.in_order,
@@ -290,6 +293,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             progress=options.progress,
             report=options.report,
             tuner=self._tuner,
+            threads_per_worker=options.threads_per_worker,
         )
 
     @property

@@ -3,6 +3,8 @@ Facts in, decisions out, applied to the task book as the loop applies them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from tests.helpers.tables import (
     EXIT3,
@@ -17,7 +19,7 @@ from tests.helpers.tables import (
     step_kinds,
 )
 
-from conveyor._iter.crashes import Restart
+from conveyor._iter.crashes import GiveUpAt, Restart
 from conveyor._iter.steps import GiveUp, Handout, Wait
 from conveyor._workers.protocol import Stage
 from conveyor.errors import WorkerCrashedError
@@ -357,3 +359,57 @@ def test_evidence_is_per_epoch() -> None:
     decision = world.die(died(0, 0, position=1, epoch=1), 3.0)
     assert isinstance(decision, Restart)
     assert [t.index for t in decision.resend] == [[1], [0, 1]]
+
+
+# --- workers that share a process (threads_per_worker) --------------------------------
+
+
+def test_a_bystander_core_is_restarted_with_its_tasks_and_no_evidence_or_charge() -> None:
+    world = loop(workers=2, max_worker_restarts=1)
+    dispatch(world.book, batches(4))  # worker 0 holds 0 and 2, worker 1 holds 1 and 3
+    culprit = replace(died(0, 0), shared_with=(1,))
+    bystander = replace(died(1, 1), shared_with=(0,), bystander=0, charged=False)
+    first = world.die(culprit, 1.0)
+    assert isinstance(first, Restart)
+    assert "Workers 1 ran as threads of the same process and were restarted with it" in (
+        first.report
+    )
+    second = world.die(bystander, 1.0)
+    assert isinstance(second, Restart)
+    assert second.report == ""  # said in the culprit's report: one warning a death
+    assert [(t.seq, t.trace) for t in second.resend] == [(1, False), (3, False)]
+    assert world.judge.charged == 1  # one process died: one restart of one allowed
+    # Batch 1 was running when its process died, but not of its doing: when its worker
+    # dies at it again, that is its first count, not its second.
+    again = world.judge.on_death(replace(died(1, 1), shared_with=(0,)))
+    assert isinstance(again, GiveUpAt)  # the budget (1) is spent, not a poison proof
+    assert "max_worker_restarts" in str(again.error)
+
+
+def test_cores_killed_together_from_outside_are_each_evidence_but_charged_once() -> None:
+    world = loop(workers=3, max_worker_restarts=1)
+    dispatch(world.book, batches(3, size=1))  # one single-sample task each
+    deaths = [
+        replace(died(w, w, code=SIGKILL), shared_with=tuple(i for i in range(3) if i != w),
+                charged=w == 0)
+        for w in range(3)
+    ]  # fmt: skip
+    decisions = [world.die(death, 1.0) for death in deaths]
+    assert all(isinstance(d, Restart) for d in decisions)
+    assert world.judge.charged == 1
+    # Each sample was named by a death: each is tried alone first in its fresh core.
+    for worker, decision in enumerate(decisions):
+        assert isinstance(decision, Restart)
+        assert decision.resend[0].index == [worker] and decision.resend[0].trace
+
+
+def test_a_bystander_of_an_iterable_dataset_gives_up_naming_who_ended_its_process() -> None:
+    world = loop(workers=2, iterable=True)
+    dispatch(world.book, batches(2))
+    decision = world.judge.on_death(
+        replace(died(1, 1), shared_with=(0,), bystander=0, charged=False)
+    )
+    assert isinstance(decision, GiveUpAt)
+    assert "ended with its process, which worker 0 (a thread of the same process) ended" in (
+        str(decision.error)
+    )

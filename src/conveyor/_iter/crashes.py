@@ -148,6 +148,8 @@ class CrashJudge:
         book, worker_id = self._book, death.worker_id
         self._sync_epoch()
         held = book.held(worker_id)
+        if death.bystander is not None:
+            return self._bystander(death, held)
         culprit = self._culprit(death.status, held)
         entry = book.tasks[culprit] if culprit is not None else None
         evidence = self._evidence_of(culprit) if culprit is not None else None
@@ -184,7 +186,8 @@ class CrashJudge:
         # An unknown end (exitcode None: a Ray actor's) may have come from outside too.
         unknown = death.exitcode is None
         outside = (unknown or death.exitcode in _OUTSIDE_EXITS) and reason is None
-        if death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT) and not outside:
+        starting = death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT)
+        if starting and not outside and death.charged:
             # Killed from outside while starting says nothing about start-up itself:
             # max_worker_restarts bounds those.
             self._init_crashes[worker_id] += 1
@@ -202,9 +205,9 @@ class CrashJudge:
         # A death proven to be a sample's doing is charged to that sample (left out
         # and recorded, within max_errors), not to the restart budget.
         limit = self.policy.max_worker_restarts
-        if not proven and self.charged >= limit:
+        if not proven and death.charged and self.charged >= limit:
             return give_up(messages.restart_budget_spent(limit))
-        if not proven:
+        if not proven and death.charged:
             self.charged += 1
             if evidence is not None:
                 evidence.charged += 1
@@ -212,7 +215,28 @@ class CrashJudge:
         resend, probes, apart = self._resend(held, culprit, leave_out)
         retried = len(resend) - len(probes)
         report = messages.restart_report(summary, proven, self.charged, limit, retried, probes)
+        if death.charged:  # once for the process
+            report += messages.restarted_with(death.shared_with)
         return Restart(worker_id, tuple(resend), report, retried, frozenset(apart), leave_out)
+
+    def _bystander(self, death: Died, held: list[int]) -> Verdict:
+        """A core whose process died of a sibling core's doing: nothing against what it
+        ran; restarted with its process, its tasks sent again as they were. The
+        sibling's report says so (no warning of its own)."""
+        if self._book.fatal is not None or self.iterable:
+            return GiveUpAt(self._bystander_error(death, held), min(held, default=None))
+        resend, _, _ = self._resend(held, None, None)
+        return Restart(death.worker_id, tuple(resend), "", len(resend))
+
+    def _bystander_error(self, death: Died, held: list[int]) -> WorkerCrashedError:
+        indices = tuple(i for seq in held for i in self._book.tasks[seq].indices)
+        return WorkerCrashedError(
+            messages.bystander_death(death, indices),
+            worker_id=death.worker_id,
+            pid=death.pid,
+            exitcode=death.exitcode,
+            indices=indices,
+        )
 
     # --- the rules ----------------------------------------------------------------------
 

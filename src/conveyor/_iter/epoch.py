@@ -177,7 +177,7 @@ class EpochStart:
                 new_epoch_first=self.finished and restored is not None,
                 pipe_seed=pipe_seed,
                 run_ahead_bytes=run_ahead_bytes,
-                worker_method=config.worker_method,
+                worker_method=config.info_method,
             )
             for i in range(config.num_workers)
         ]

@@ -226,6 +226,27 @@ def restart_report(
     )
 
 
+def restarted_with(siblings: tuple[int, ...]) -> str:
+    """What a restart report adds for a worker that ran as a thread of a process with
+    other workers (threads_per_worker): they were restarted with it."""
+    if not siblings:
+        return ""
+    names = ", ".join(map(str, siblings))
+    return (
+        f" Workers {names} ran as threads of the same process and were restarted with it; "
+        "their unanswered tasks were re-sent too."
+    )
+
+
+def bystander_death(death: Died, indices: tuple[Any, ...]) -> str:
+    """A worker that ended with its process, which another worker's thread ended."""
+    held = f" It held dataset indices {short(indices)}." if indices else ""
+    return (
+        f"DataLoader worker {death.worker_id} (pid {death.pid}) ended with its process, "
+        f"which worker {death.bystander} (a thread of the same process) ended.{held}"
+    )
+
+
 def startup_failed(
     worker_id: int, pid: int | None, exc: BaseException, *, remote: bool = False
 ) -> str:

@@ -98,7 +98,8 @@ class Supervisor:
         self._pool.restart(decision.worker_id)  # a fork waits for a pin in flight (ForkGate)
         for task in decision.resend:
             self._pool.send(decision.worker_id, task)
-        warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)
+        if decision.report:  # (a worker restarted with another's process: said there)
+            warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)
 
     # --- deadlines ----------------------------------------------------------------------
 

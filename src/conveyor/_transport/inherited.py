@@ -25,11 +25,12 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _MAP_FIXED = 0x10
 
 
-def release_foreign_memory(own_fd: int) -> int:
-    """Drop every inherited conveyor memfd and map except ``own_fd``'s; return how many
-    descriptors and maps were let go (for tests). Best effort: a failure leaves the
-    memory held, which is what happened before."""
-    own = os.fstat(own_fd).st_ino
+def release_foreign_memory(*own_fds: int) -> int:
+    """Drop every inherited conveyor memfd and map except those of ``own_fds`` (the
+    arenas of this process's cores); return how many descriptors and maps were let go
+    (for tests). Best effort: a failure leaves the memory held, which is what happened
+    before."""
+    own = {os.fstat(fd).st_ino for fd in own_fds}
     released = 0
     with contextlib.suppress(OSError):
         released += _release_maps(own)
@@ -43,13 +44,13 @@ def _is_ours(path: str) -> bool:
     return path.startswith("/memfd:") and (name.startswith((ARENA_PREFIX, SETUP_NAME)))
 
 
-def _release_maps(own_inode: int) -> int:
+def _release_maps(own: set[int]) -> int:
     released = 0
     with open("/proc/self/maps") as maps:
         lines = maps.readlines()
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not _is_ours(fields[5].strip()) or int(fields[4]) == own_inode:
+        if len(fields) < 6 or not _is_ours(fields[5].strip()) or int(fields[4]) in own:
             continue
         start, end = (int(part, 16) for part in fields[0].split("-"))
         libc.mmap(
@@ -64,7 +65,7 @@ def _release_maps(own_inode: int) -> int:
     return released
 
 
-def _release_descriptors(own_inode: int) -> int:
+def _release_descriptors(own: set[int]) -> int:
     released = 0
     null = os.open(_DEV_NULL, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -73,7 +74,7 @@ def _release_descriptors(own_inode: int) -> int:
             try:
                 if not _is_ours(os.readlink(f"/proc/self/fd/{fd}")):
                     continue
-                if os.fstat(fd).st_ino == own_inode:
+                if os.fstat(fd).st_ino in own:
                     continue
             except OSError:  # closed meanwhile (the listing's own descriptor)
                 continue

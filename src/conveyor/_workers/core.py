@@ -14,6 +14,8 @@ sent back as a value; the main process decides what to do.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import os
 import pickle
@@ -81,6 +83,19 @@ class WorkerSpec:
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
     run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
     worker_method: str = "multiprocessing"  # what get_worker_info() says
+
+
+def own_objects(user: UserObjects) -> UserObjects:
+    """A core's objects when it shares its process with other cores (threads): a dataset
+    of its own, as a process worker has, so what ``worker_init_fn`` or ``__iter__`` sets
+    on it (``dataset.start = ...``, an iterator) is this core's. A shallow copy: the data
+    it holds (lists, arrays, files) is shared, not copied. A dataset that cannot be
+    copied is shared."""
+    dataset = user.dataset
+    with contextlib.suppress(Exception):
+        # A DataPipe graph is sharded per worker in place: each needs the whole graph.
+        dataset = copy.deepcopy(dataset) if _datapipes.is_datapipe(dataset) else copy.copy(dataset)
+    return dataclasses.replace(user, dataset=dataset)
 
 
 class Inbox(Protocol):

@@ -20,4 +20,6 @@ def pool_factory(config: LoaderConfig) -> PoolFactory:
         from .ray_pool import RayPool  # Ray itself is imported when it starts
 
         return functools.partial(RayPool, options=config.worker_options)
+    if config.threads_per_worker > 1:
+        return functools.partial(WorkerPool, threads_per_worker=config.threads_per_worker)
     return WorkerPool

@@ -14,17 +14,21 @@ import gc
 import mmap
 import os
 import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import cloudpickle
 
+from .. import _torch
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
 from ..collate import carry_in
 from ..resources import close_all as close_per_worker_resources
 from . import parent_watch
-from .core import UserObjects, WorkerCore, WorkerSpec
+from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
 from .fds import InheritedFd
 from .heap import HeapKeeper
 from .inbox import Inbox
@@ -33,22 +37,34 @@ from .remote_error import capture
 from .status import StatusWriter
 from .wire import send
 
-__all__ = ["UserObjects", "WorkerSpec", "worker_main"]
+__all__ = ["CoreEnds", "UserObjects", "WorkerSpec", "worker_main"]
+
+
+@dataclass(frozen=True)
+class CoreEnds:
+    """What one core of a worker process is given: who it is, its two pipes, and the
+    memfd of its shared-memory arena (whose first page is its status page)."""
+
+    spec: WorkerSpec
+    tasks: Connection
+    results: Connection
+    arena_fd: InheritedFd
 
 
 def worker_main(
-    spec: WorkerSpec,
+    cores: Sequence[CoreEnds],
     user: UserObjects | InheritedFd,
-    tasks: Connection,
-    results: Connection,
-    arena_fd: InheritedFd,
     stack_fd: InheritedFd,
+    crash_fd: InheritedFd | None,
     parent_pid: int,
 ) -> None:
-    """Entry point of a worker process.
+    """Entry point of a worker process: one core (torch's worker), or several, each in a
+    thread of its own (``threads_per_worker``).
 
     ``user`` is the objects themselves under ``fork``, or a memfd holding them
-    cloudpickled once for all workers under ``spawn`` / ``forkserver``.
+    cloudpickled once for all workers under ``spawn`` / ``forkserver``. ``crash_fd``
+    (several cores): where faulthandler writes a fatal signal's stacks, so the main
+    process can tell which core's thread crashed the process.
     """
     # Ctrl-C reaches the whole process group; the main process alone handles
     # it and stops us, so the user sees one KeyboardInterrupt, not one per worker.
@@ -61,41 +77,86 @@ def worker_main(
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)
+    if crash_fd is not None:
+        # A file, not a pipe: a dying process must never block on a full pipe.
+        faulthandler.enable(file=crash_fd.fd, all_threads=True)
     # What this process inherited (from the training process, or the fork server) stays
     # out of its garbage collections: each would write to every inherited object's
     # header, copying its page.
     gc.freeze()
     heap = HeapKeeper()  # before the user's objects allocate: see heap.py
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
-        release_foreign_memory(arena_fd.fd)
-    arena = WorkerArena(arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes)
-    status = StatusWriter(arena.status_page)
-    status.begin(-1, -1)
-    status.stage(Stage.STARTUP)
-    out = _Results(results.fileno(), heap)
+        release_foreign_memory(*(core.arena_fd.fd for core in cores))
+    shells = [_CoreShell(core, heap) for core in cores]
     try:
         objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
     except BaseException as exc:
-        out.send(StartupFailed(Stage.STARTUP, capture(exc)))
+        for shell in shells:
+            shell.out.send(StartupFailed(Stage.STARTUP, capture(exc)))
         return
     if objects.collate_registrations is not None:
         # The main process's registries, registrations made in its __main__ included
         # (not run here), before worker_init_fn can add its own.
         carry_in(objects.collate_registrations)
-    inbox = Inbox(tasks.fileno(), arena)
-    encoder = Encoder(arena, reclaim=inbox.reclaim)
-    core = WorkerCore(spec, objects, encoder, status, owns_process=True)
-    try:
-        first = core.start()
-        out.send(first)
-        if isinstance(first, StartupFailed):
-            return
-        core.serve(inbox, out)
-    finally:
-        # The process ends with os._exit (no atexit): close what the dataset opened
-        # with conveyor.per_worker now (in the core, and any other thread of ours).
-        core.close()
-        close_per_worker_resources(everyone=True)
+    if len(shells) == 1:
+        shells[0].run(objects, owns_process=True)
+        return
+    _one_torch_thread()
+    threads = [
+        threading.Thread(
+            target=shell.run,
+            args=(own_objects(objects),),
+            kwargs={"owns_process": False},
+            name=f"conveyor-core-{shell.ends.spec.worker_id}",
+            daemon=True,
+        )
+        for shell in shells[1:]
+    ]
+    for thread in threads:
+        thread.start()
+    shells[0].run(own_objects(objects), owns_process=False)
+    for thread in threads:
+        thread.join()
+
+
+class _CoreShell:
+    """One core of this process and what it is made of: its arena, status page,
+    inbox and outbox."""
+
+    def __init__(self, ends: CoreEnds, heap: HeapKeeper) -> None:
+        self.ends = ends
+        spec = ends.spec
+        self.arena = WorkerArena(
+            ends.arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes
+        )
+        self.status = StatusWriter(self.arena.status_page)
+        self.status.begin(-1, -1)
+        self.status.stage(Stage.STARTUP)
+        self.out = _Results(ends.results.fileno(), heap)
+
+    def run(self, objects: UserObjects, *, owns_process: bool) -> None:
+        """Start the core and serve until told to stop (in this thread)."""
+        self.status.thread(threading.get_ident(), threading.get_native_id())
+        inbox = Inbox(self.ends.tasks.fileno(), self.arena)
+        encoder = Encoder(self.arena, reclaim=inbox.reclaim)
+        core = WorkerCore(self.ends.spec, objects, encoder, self.status, owns_process=owns_process)
+        try:
+            first = core.start()
+            self.out.send(first)
+            if isinstance(first, StartupFailed):
+                return
+            core.serve(inbox, self.out)
+        finally:
+            # The process ends with os._exit (no atexit): close what the dataset opened
+            # with conveyor.per_worker now (in the core, and any other thread of ours).
+            core.close()
+            if owns_process:
+                close_per_worker_resources(everyone=True)
+
+
+def _one_torch_thread() -> None:
+    """Cores in threads share the process: torch's intra-op threads would multiply."""
+    _torch.on_import(lambda torch: torch.set_num_threads(1))
 
 
 class _Results:

@@ -1,7 +1,10 @@
 """Worker processes behind the pool protocol (see api.py).
 
 Each worker is a process running a core (loop.py) with its own pipes and
-shared-memory arena; the pool starts them (user_objects.py, start.py), sends tasks
+shared-memory arena — or several cores, each in a thread with pipes and an arena of its
+own (``threads_per_worker``): the loop sees each core as a worker, and this pool keeps
+their process's life and death together (crashes.py is told which core's doing a death
+was: see :meth:`WorkerPool._died`); the pool starts them (user_objects.py, start.py), sends tasks
 without ever blocking (outbox.py), waits on result pipes and process sentinels
 together, decodes batches lazily (a :class:`PayloadHandle` each), and stops them for
 sure (teardown.py). Shared memory is dropped only after its workers are gone.
@@ -23,9 +26,9 @@ from .api import Abilities
 from .core import UserObjects, WorkerSpec
 from .events import Died, PoolEvent, Received
 from .interrupts import interrupts_deferred
-from .process import Worker, WorkerHandle, release, start_worker
+from .process import Host, Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
-from .stacks import active_s, dump_stacks, process_uss
+from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
 from .start import Starter, modules_to_preload
 from .status import WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
@@ -47,8 +50,13 @@ class WorkerPool:
         start_method: StartMethod,
         user: UserObjects,
         specs: Sequence[WorkerSpec],
+        *,
+        threads_per_worker: int = 1,
     ) -> None:
         self._workers: list[Worker] = []
+        self._cores = threads_per_worker  # cores per process, each in a thread
+        self._dead: set[int] = set()  # cores whose process's death was reported, not restarted
+        self._killed: dict[int, int] = {}  # a process the pool killed (its pid) -> for which core
         self._retired: list[Worker] = []  # replaced: their batches may still be decoded
         self._let_go: set[int] = set()  # ids stopped for good (num_workers="auto")
         self._closed = False
@@ -69,14 +77,15 @@ class WorkerPool:
         self._writing: set[int] = set()  # task pipes registered for writability
         self._starter = Starter()
         try:
-            for spec in specs:
-                self._start(spec)
+            for first in range(0, len(specs), self._cores):
+                self._start(specs[first : first + self._cores])
         except BaseException:
             self.close()
             raise
 
-    def _start(self, spec: WorkerSpec) -> None:
-        """Start the worker ``spec`` describes and put it in its place in the pool.
+    def _start(self, specs: Sequence[WorkerSpec]) -> None:
+        """Start a worker process running a core for each of ``specs``, and put them in
+        their places in the pool.
 
         A Ctrl-C meanwhile is held back until it is there: cut anywhere between the
         first pipe made and that, it would leave descriptors (and a process) that
@@ -85,25 +94,28 @@ class WorkerPool:
             if self._method.pickles_objects and self._setup is None and not self._each_start:
                 self._setup = serialize_once(self._user, self._method)
                 self._each_start = self._setup is None
-            self._loading.add(spec.worker_id)
-            worker = start_worker(
+            self._loading.update(spec.worker_id for spec in specs)
+            cores = start_worker(
                 self._context,
                 self._method,
-                spec,
+                specs,
                 self._user,
                 self._setup,
                 self._starter,
                 self._preload,
             )
-            if spec.worker_id < len(self._workers):
-                self._workers[spec.worker_id] = worker  # a replacement
-            else:
-                self._workers.append(worker)
-            self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
-            self._selector.register(worker.process.sentinel, selectors.EVENT_READ, (_DEATH, worker))
+            for worker in cores:
+                if worker.worker_id < len(self._workers):
+                    self._workers[worker.worker_id] = worker  # a replacement
+                else:
+                    self._workers.append(worker)
+                self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
+            host = cores[0].host
+            self._selector.register(host.process.sentinel, selectors.EVENT_READ, (_DEATH, host))
 
     def _unwatch(self, worker: Worker) -> None:
-        """Stop watching a worker's pipes and sentinel (before they are closed)."""
+        """Stop watching a core's pipes and its process's sentinel (before they are
+        closed)."""
         for obj in (worker.results, worker.process.sentinel, worker.outbox.fd):
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(obj)
@@ -160,7 +172,7 @@ class WorkerPool:
                 events += self._received(worker, worker.reader.buffered())
         if events:
             return events
-        deaths: list[Worker] = []
+        deaths: list[Host] = []
         for key, mask in self._select(timeout):
             role, worker = key.data
             if role == _RESULT:
@@ -176,8 +188,8 @@ class WorkerPool:
                     worker.outbox.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     worker.outbox.clear()  # it died: its sentinel says so
-        for worker in deaths:
-            events += self._died(worker)
+        for host in deaths:
+            events += self._died(host)
         return events
 
     def _select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -235,18 +247,45 @@ class WorkerPool:
             os.close(self._setup)
             self._setup = None
 
-    def _died(self, worker: Worker) -> list[PoolEvent]:
-        """Whatever the dead worker sent before dying, then its death."""
-        events = self._received(worker, worker.reader.drain())
-        self._unwatch(worker)
-        worker.process.join(timeout=1.0)
-        status = read_status(worker.arena.status_page)
-        events.append(Died(worker.worker_id, worker.pid, worker.process.exitcode, status))
+    def _died(self, host: Host) -> list[PoolEvent]:
+        """Whatever the dead process's cores sent before it died, then their deaths.
+
+        Of several cores, the one whose doing the death was is told apart (its thread
+        crashed, by the crash dump; or the pool killed the process for it as stuck): the
+        others are bystanders, no evidence against what they ran. When nothing says
+        which (a kill from outside), each is a death, but one restart is charged."""
+        cores = [self._workers[i] for i in host.cores]
+        events: list[PoolEvent] = []
+        for worker in cores:
+            events += self._received(worker, worker.reader.drain())
+            self._unwatch(worker)
+        host.process.join(timeout=1.0)
+        statuses = [read_status(worker.arena.status_page) for worker in cores]
+        culprit = self._killed.pop(host.pid or -1, None)
+        if culprit is None and len(cores) > 1:
+            culprit = crashed_core(host.crash_dump(), dict(zip(host.cores, statuses, strict=True)))
+        for n, (worker, status) in enumerate(zip(cores, statuses, strict=True)):
+            self._dead.add(worker.worker_id)
+            bystander = culprit is not None and worker.worker_id != culprit
+            charged = worker.worker_id == culprit if culprit is not None else n == 0
+            shared = tuple(i for i in host.cores if i != worker.worker_id)
+            events.append(
+                Died(
+                    worker.worker_id,
+                    worker.pid,
+                    host.process.exitcode,
+                    status,
+                    bystander=culprit if bystander else None,
+                    charged=charged,
+                    shared_with=shared,
+                )
+            )
         return events
 
     # --- seeing into workers (Abilities.inspect) -------------------------------------
 
     def pids(self) -> list[int | None]:
+        """Each core's process (several cores share one with threads_per_worker)."""
         return [None if i in self._let_go else w.pid for i, w in enumerate(self._workers)]
 
     def status(self, worker_id: int) -> WorkerStatus:
@@ -258,15 +297,25 @@ class WorkerPool:
         worker = self._workers[worker_id]
         if worker.process.exitcode is not None:
             return ""
-        return dump_stacks(worker.pid, worker.stacks, timeout)
+        stacks = dump_stacks(worker.pid, worker.host.stacks, timeout)
+        if len(worker.host.cores) == 1:
+            return stacks
+        return thread_stack(stacks, read_status(worker.arena.status_page).thread)
 
     # --- what workers use (Abilities.usage) ------------------------------------------
 
     def active_s(self, worker_id: int) -> float | None:
-        return active_s(self._workers[worker_id].pid)
+        worker = self._workers[worker_id]
+        if len(worker.host.cores) == 1:
+            return active_s(worker.pid)
+        return active_s(worker.pid, read_status(worker.arena.status_page).native_id or None)
 
     def memory_bytes(self, worker_id: int) -> int | None:
-        return process_uss(self._workers[worker_id].pid)
+        """The process's USS, counted at its first core (0 at the others: shared)."""
+        worker = self._workers[worker_id]
+        if worker_id != worker.host.cores[0]:
+            return 0
+        return process_uss(worker.pid)
 
     def alive(self) -> int:
         return sum(worker.decoder.batches_alive for worker in self._workers)
@@ -275,15 +324,16 @@ class WorkerPool:
 
     def handles(self) -> list[WorkerHandle]:
         """The current worker processes, for ``iterator._workers``."""
-        return [worker.handle for worker in self._serving()]
+        return list({id(w.host): w.handle for w in self._serving()}.values())
 
     # --- how many workers (Abilities.resize) -------------------------------------------
 
     def add(self, spec: WorkerSpec) -> None:
         """Start one more worker (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
+        assert self._cores == 1, "num_workers='auto' counts processes of one core"
         self._specs.append(spec)
-        self._start(spec)  # appends it, safe from Ctrl-C
+        self._start([spec])  # appends it, safe from Ctrl-C
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker that has no task left, for good (it is not replaced)."""
@@ -301,22 +351,31 @@ class WorkerPool:
         return [w for i, w in enumerate(self._workers) if i not in self._let_go]
 
     def restart(self, worker_id: int) -> None:
-        """Start a new worker in place of a dead one (same id, same seed)."""
-        old = self._workers[worker_id]
-        old.process.join(timeout=TERMINATE_GRACE_S)
-        if old.process.exitcode is None:
-            old.process.kill()
-            old.process.join()
-        kill_descendants(old.pid)
-        self._unwatch(old)
-        release(old)
-        self._retired.append(old)
-        self._start(self._specs[worker_id])
+        """Start a new worker in place of a dead one (same id, same seed): its whole
+        process, with every core it ran. The restart of a core whose process was already
+        started again for a sibling's death does nothing."""
+        host = self._workers[worker_id].host
+        if len(host.cores) > 1 and worker_id not in self._dead:
+            return
+        host.process.join(timeout=TERMINATE_GRACE_S)
+        if host.process.exitcode is None:
+            host.process.kill()
+            host.process.join()
+        kill_descendants(host.pid)
+        for core in host.cores:
+            old = self._workers[core]
+            self._unwatch(old)
+            release(old)
+            self._retired.append(old)
+            self._dead.discard(core)
+        self._start([self._specs[core] for core in host.cores])
 
     def kill(self, worker_id: int) -> None:
         """Kill a stuck worker; its sentinel then reports it like any death."""
         worker = self._workers[worker_id]
         if worker.process.exitcode is None:
+            if worker.pid is not None:
+                self._killed[worker.pid] = worker_id  # its siblings die as bystanders
             worker.process.kill()
 
     def close(self) -> None:
@@ -343,7 +402,7 @@ class WorkerPool:
                 request_stop(worker.arena.status_page)  # no task it has not begun
             with contextlib.suppress(OSError, ValueError):  # already gone
                 worker.outbox.send(Stop())  # wakes a worker waiting for its next task
-        escalate(serving)
+        escalate(serving)  # (cores sharing a process: it is stopped once)
         for worker in serving:
             self._unwatch(worker)
             kill_descendants(worker.pid)

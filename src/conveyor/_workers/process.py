@@ -1,5 +1,6 @@
-"""One worker process as the main process holds it: the process, its pipes, its
-shared-memory arena and status page, and the read end of its stack dumps."""
+"""One worker process as the main process holds it: the process, the read end of its
+stack dumps and its crash dump (:class:`Host`); and each core it runs, with its pipes,
+shared-memory arena and status page (:class:`Worker`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from .._transport.codec import Decoder
 from ..config import StartMethod
 from .core import UserObjects, WorkerSpec
 from .fds import InheritedFd
-from .loop import worker_main
+from .loop import CoreEnds, worker_main
 from .outbox import Outbox
 from .start import Starter
 from .status import mark_starting
 from .user_objects import PickledWhileSpawning
 from .wire import FrameReader
 
-__all__ = ["Worker", "WorkerHandle", "release", "start_worker"]
+__all__ = ["Host", "Worker", "WorkerHandle", "release", "start_worker"]
 
 
 class WorkerHandle:
@@ -61,21 +62,59 @@ class WorkerHandle:
             self._process = None
 
 
+class Host:
+    """One worker process as the main process holds it, whatever number of cores it
+    runs: the process, the read end of its stack dumps, the memfd its crash dump goes
+    to (several cores), and torch's view of it. Closed once, when its last core is."""
+
+    def __init__(self, process: BaseProcess, stacks: int, crash_fd: int, cores: Sequence[int]):
+        self.process = process
+        self.stacks = stacks  # read end of the pipe the worker's faulthandler writes stacks to
+        self.crash_fd = crash_fd  # -1: one core, no crash dump asked for
+        self.cores = tuple(cores)  # its cores' worker ids
+        self.handle = WorkerHandle(process)
+        self._open = set(self.cores)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def crash_dump(self) -> str:
+        """What faulthandler wrote when a fatal signal ended the process ("" if none)."""
+        if self.crash_fd < 0:
+            return ""
+        try:
+            return os.pread(self.crash_fd, 1 << 20, 0).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def let_go(self, worker_id: int) -> None:
+        """Core ``worker_id`` is closed; once none is left, so is the process."""
+        self._open.discard(worker_id)
+        if self._open:
+            return
+        for fd in (self.stacks, self.crash_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.stacks = self.crash_fd = -1
+        self.handle._released()
+        self.process.close()
+
+
 @dataclass
 class Worker:
-    """The main process's handle on one worker process (one incarnation of a worker id)."""
+    """The main process's handle on one worker core (one incarnation of a worker id):
+    its pipes and arena, in its process (shared with other cores: threads_per_worker)."""
 
     worker_id: int
-    process: BaseProcess
+    host: Host
     tasks: Connection
     results: Connection
     arena: MainArena
-    stacks: int  # read end of the pipe the worker's faulthandler writes stacks to
     decoder: Decoder = field(init=False)
     outbox: Outbox = field(init=False)
     reader: FrameReader = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
-    handle: WorkerHandle = field(init=False)
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
@@ -83,7 +122,14 @@ class Worker:
         # Read only when the selector says so, and never block on a half-written frame.
         os.set_blocking(self.results.fileno(), False)
         self.reader = FrameReader(self.results.fileno())
-        self.handle = WorkerHandle(self.process)
+
+    @property
+    def process(self) -> BaseProcess:
+        return self.host.process
+
+    @property
+    def handle(self) -> WorkerHandle:
+        return self.host.handle
 
     @property
     def pid(self) -> int | None:
@@ -99,33 +145,44 @@ class Worker:
 
 
 def release(worker: Worker) -> None:
-    """Close the main process's ends of a worker that has exited."""
+    """Close the main process's ends of a worker core whose process has exited."""
     for conn in (worker.tasks, worker.results):
         conn.close()
     worker.arena.close()
-    if worker.stacks >= 0:
-        os.close(worker.stacks)
-        worker.stacks = -1
-    worker.handle._released()
-    worker.process.close()
+    worker.host.let_go(worker.worker_id)
 
 
 def start_worker(
     context: BaseContext,
     method: StartMethod,
-    spec: WorkerSpec,
+    specs: Sequence[WorkerSpec],
     user: UserObjects,
     setup_fd: int | None,
     starter: Starter,
     preload: Sequence[str] = (),
-) -> Worker:
-    task_reader, task_writer = context.Pipe(duplex=False)
-    result_reader, result_writer = context.Pipe(duplex=False)
-    arena_fd = create_arena_fd(spec.worker_id)
-    arena = MainArena(arena_fd)
-    mark_starting(arena.status_page)
-    stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    os.set_blocking(stack_writer, True)
+) -> list[Worker]:
+    """Start one worker process running a core for each of ``specs`` (several: in
+    threads); its cores, in the order of ``specs``."""
+    first = specs[0].worker_id
+    made: list[tuple[Connection, Connection, MainArena]] = []  # our ends, for a failed start
+    ends: list[CoreEnds] = []
+    child_ends: list[Connection] = []
+    try:
+        for spec in specs:
+            task_reader, task_writer = context.Pipe(duplex=False)
+            result_reader, result_writer = context.Pipe(duplex=False)
+            child_ends += [task_reader, result_writer]
+            arena_fd = create_arena_fd(spec.worker_id)
+            arena = MainArena(arena_fd)
+            mark_starting(arena.status_page)
+            made.append((task_writer, result_reader, arena))
+            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena_fd)))
+        stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(stack_writer, True)
+    except BaseException:
+        _close_made(made, child_ends)
+        raise
+    crash_fd = os.memfd_create(f"conveyor-crash-{first}", os.MFD_CLOEXEC) if len(specs) > 1 else -1
     payload: UserObjects | InheritedFd | PickledWhileSpawning
     if setup_fd is not None:
         payload = InheritedFd(os.dup(setup_fd))
@@ -136,15 +193,13 @@ def start_worker(
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
         args=(
-            spec,
+            ends,
             payload,
-            task_reader,
-            result_writer,
-            InheritedFd(arena_fd),
             InheritedFd(stack_writer),
+            InheritedFd(crash_fd) if crash_fd >= 0 else None,
             os.getpid(),
         ),
-        name=f"conveyor-worker-{spec.worker_id}",
+        name=f"conveyor-worker-{first}",
         daemon=True,
     )
     try:
@@ -154,17 +209,33 @@ def start_worker(
             process.kill()
             process.join()
             process.close()  # its sentinel (a traceback kept in a notebook holds `process`)
-        task_writer.close()
-        result_reader.close()
-        arena.drop_maps()  # the status page's map holds a descriptor of its own
-        arena.close()
+        for _, _, arena in made:
+            arena.drop_maps()  # the status page's map holds a descriptor of its own
+        _close_made(made, [])
         os.close(stack_reader)
+        if crash_fd >= 0:
+            os.close(crash_fd)
         raise
     finally:
         # The child has its own copies now; ours would keep EOF from coming.
-        task_reader.close()
-        result_writer.close()
+        for conn in child_ends:
+            conn.close()
         os.close(stack_writer)
         if isinstance(payload, InheritedFd):
             payload.close()
-    return Worker(spec.worker_id, process, task_writer, result_reader, arena, stack_reader)
+    host = Host(process, stack_reader, crash_fd, [spec.worker_id for spec in specs])
+    return [
+        Worker(spec.worker_id, host, task_writer, result_reader, arena)
+        for spec, (task_writer, result_reader, arena) in zip(specs, made, strict=True)
+    ]
+
+
+def _close_made(
+    made: list[tuple[Connection, Connection, MainArena]], child_ends: list[Connection]
+) -> None:
+    for task_writer, result_reader, arena in made:
+        task_writer.close()
+        result_reader.close()
+        arena.close()
+    for conn in child_ends:
+        conn.close()

@@ -8,13 +8,20 @@ into a pipe whose read end the main process keeps.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import wait
 
 import psutil
 
-__all__ = ["active_s", "dump_stacks", "process_uss"]
+from .status import WorkerStatus
+
+__all__ = ["active_s", "crashed_core", "dump_stacks", "process_uss", "thread_stack"]
+
+# A thread's header in a faulthandler dump: "Current thread 0x00007f...", "Thread 0x...".
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)")
 
 
 def dump_stacks(pid: int | None, stacks_fd: int, timeout: float = 2.0) -> str:
@@ -62,6 +69,34 @@ def _worker_frames_only(dump: str) -> str:
         if "in worker_main" in line:
             skipping = True
     return "\n".join(kept)
+
+
+def thread_stack(dump: str, ident: int) -> str:
+    """Of a dump of every thread's stack, the part of thread ``ident`` (a core's, in a
+    process of several); the whole dump if that thread is not in it."""
+    sections: list[list[str]] = []
+    for line in dump.splitlines():
+        if _THREAD_HEADER.match(line) or not sections:
+            sections.append([])
+        sections[-1].append(line)
+    for section in sections:
+        header = _THREAD_HEADER.match(section[0])
+        if header and ident and int(header.group(2), 16) == ident:
+            return "\n".join(section).rstrip()
+    return dump
+
+
+def crashed_core(dump: str, threads: Mapping[int, WorkerStatus]) -> int | None:
+    """Which core's thread a fatal signal hit, from the crash dump faulthandler wrote
+    (its "Current thread"), given each core's status (which names its thread); None if
+    the dump names none of them (no dump: killed from outside, or a thread of the
+    dataset's own)."""
+    for line in dump.splitlines():
+        header = _THREAD_HEADER.match(line)
+        if header and header.group(1) == "Current thread":
+            ident = int(header.group(2), 16)
+            return next((core for core, st in threads.items() if st.thread == ident), None)
+    return None
 
 
 def active_s(pid: int | None, tid: int | None = None) -> float | None:

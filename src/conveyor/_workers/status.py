@@ -26,6 +26,10 @@ class _Field:
     STARTED_NS = 4  # CLOCK_MONOTONIC (system-wide on Linux) when the task began, or when
     # the worker went idle (a worker frozen between tasks shows how long it has been idle)
     STOP = 5  # written by the main process: nonzero once teardown began (see request_stop)
+    # The thread serving the task (threads_per_worker > 1: several cores share a process):
+    # threading.get_ident(), as a crash dump names the thread, and the kernel's thread id.
+    THREAD = 6
+    NATIVE_ID = 7
 
 
 _STAGE_CODES: dict[Stage, int] = {stage: i + 1 for i, stage in enumerate(Stage)}
@@ -39,6 +43,8 @@ class WorkerStatus:
     stage: Stage | None  # None: between tasks
     position: int
     age_s: float  # since the task began; between tasks, since the worker went idle
+    thread: int = 0  # the core's thread, when it shares its process (0: not said)
+    native_id: int = 0
 
 
 class StatusWriter:
@@ -69,6 +75,11 @@ class StatusWriter:
     def stop_requested(self) -> bool:
         return self._fields[_Field.STOP] != 0
 
+    def thread(self, ident: int, native_id: int) -> None:
+        """Which thread serves this core (one of several in its process)."""
+        self._fields[_Field.THREAD] = ident
+        self._fields[_Field.NATIVE_ID] = native_id
+
 
 def request_stop(page: memoryview) -> None:
     """The main process's side of teardown: the worker runs no task it has not begun.
@@ -91,7 +102,15 @@ def read_status(page: memoryview) -> WorkerStatus:
     f = page[:STATUS_BYTES].cast("q")
     stage = _CODE_STAGES.get(f[_Field.STAGE])
     age = (time.monotonic_ns() - f[_Field.STARTED_NS]) / 1e9
-    return WorkerStatus(f[_Field.EPOCH], f[_Field.SEQ], stage, f[_Field.POSITION], age)
+    return WorkerStatus(
+        f[_Field.EPOCH],
+        f[_Field.SEQ],
+        stage,
+        f[_Field.POSITION],
+        age,
+        f[_Field.THREAD],
+        f[_Field.NATIVE_ID],
+    )
 
 
 class MemoryStatus:

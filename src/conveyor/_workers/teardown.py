@@ -36,7 +36,7 @@ class Stopping(Protocol):
 
 def escalate(workers: Sequence[Stopping]) -> None:
     _wait_for_stop(workers, STOP_GRACE_S)
-    processes = [w.process for w in workers]
+    processes = list({id(w.process): w.process for w in workers}.values())
     for p in processes:
         if p.exitcode is None:
             p.terminate()
@@ -55,9 +55,12 @@ def _wait_for_stop(workers: Sequence[Stopping], grace: float) -> None:
     them (a worker waiting for the rest of a half-written frame would wait forever)."""
     deadline = time.monotonic() + grace
     with selectors.DefaultSelector() as selector:
+        watched: set[int] = set()  # processes (cores in threads share one)
         for worker in workers:
             with contextlib.suppress(OSError, ValueError):  # closed: nothing to watch
-                selector.register(worker.process.sentinel, selectors.EVENT_READ, worker)
+                if id(worker.process) not in watched:
+                    selector.register(worker.process.sentinel, selectors.EVENT_READ, worker)
+                    watched.add(id(worker.process))
                 selector.register(worker.results.fileno(), selectors.EVENT_READ, worker)
                 if worker.outbox.pending:
                     selector.register(worker.outbox.fd, selectors.EVENT_WRITE, worker)

@@ -15,8 +15,6 @@ as for processes.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import os
 import queue
 import sys
@@ -26,10 +24,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._datapipes import is_datapipe
 from ..config import StartMethod
 from .api import Abilities
-from .core import UserObjects, WorkerCore, WorkerSpec
+from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
 from .events import Died, PoolEvent, Received
 from .protocol import BatchDone, MainMessage, SeedPipe, StartupFailed, Stop, Task, WorkerMessage
 from .stacks import active_s
@@ -148,7 +145,7 @@ class ThreadPool:
         self._user = user
         self._specs = list(specs)
         self._events: queue.SimpleQueue[PoolEvent] = queue.SimpleQueue()
-        self._workers = [_Worker(spec, self._own(spec), self._events) for spec in specs]
+        self._workers = [_Worker(spec, own_objects(self._user), self._events) for spec in specs]
         self._closed = False
 
     @property
@@ -176,22 +173,11 @@ class ThreadPool:
             except queue.Empty:
                 return events
 
-    def _own(self, spec: WorkerSpec) -> UserObjects:
-        """The worker's objects: a dataset of its own, as a process worker has, so what
-        ``worker_init_fn`` or ``__iter__`` sets on it (``dataset.start = ...``, an
-        iterator) is this worker's. A shallow copy: the data it holds (lists, arrays,
-        files) is shared, not copied. A dataset that cannot be copied is shared."""
-        dataset = self._user.dataset
-        with contextlib.suppress(Exception):
-            # A DataPipe graph is sharded per worker in place: each needs the whole graph.
-            dataset = copy.deepcopy(dataset) if is_datapipe(dataset) else copy.copy(dataset)
-        return dataclasses.replace(self._user, dataset=dataset)
-
     def add(self, spec: WorkerSpec) -> None:
         """One more worker thread (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
         self._specs.append(spec)
-        self._workers.append(_Worker(spec, self._own(spec), self._events))
+        self._workers.append(_Worker(spec, own_objects(self._user), self._events))
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker thread that has no task left, for good."""
@@ -203,7 +189,7 @@ class ThreadPool:
     def restart(self, worker_id: int) -> None:
         """A thread that ended unexpectedly (an error in conveyor itself) is replaced."""
         spec = self._specs[worker_id]
-        self._workers[worker_id] = _Worker(spec, self._own(spec), self._events)
+        self._workers[worker_id] = _Worker(spec, own_objects(self._user), self._events)
 
     def close(self) -> None:
         """Ask every thread to stop after its task, and wait for them a while: a thread

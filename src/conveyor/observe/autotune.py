@@ -134,13 +134,28 @@ THREADS_MOST = 64  # thread workers mostly wait: many more than cores, within re
 PROCESSES_PER_CPU = 4  # worker processes beyond the cores only while they wait on I/O
 
 
-def auto_workers(num_workers: object, worker_method: str) -> Autotuner | None:
+def auto_workers(
+    num_workers: object, worker_method: str, threads_per_worker: object = 1
+) -> Autotuner | None:
     """For ``num_workers="auto"``, a tuner that has chosen where to start (logged on the
     ``conveyor`` logger); None for a count."""
     if num_workers != "auto":
         if isinstance(num_workers, str):
             raise ConfigError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
+        if threads_per_worker != 1 and num_workers == 0:
+            raise ConfigError(
+                f"threads_per_worker={threads_per_worker!r} runs threads inside worker "
+                "processes, and num_workers=0 starts none: give num_workers > 0 (the number "
+                "of processes), or worker_method='thread' for threads in this process."
+            )
         return None
+    if threads_per_worker != 1:
+        raise ConfigError(
+            f"num_workers='auto' adds and retires single workers as it measures; with "
+            f"threads_per_worker={threads_per_worker!r} a worker is a process of several "
+            "threads. Give num_workers as a count of processes, or use num_workers='auto' "
+            "with worker_method='thread' (it then counts threads)."
+        )
     if worker_method == "ray":
         raise ConfigError(
             "num_workers='auto' sizes the workers to this machine's CPUs; with "

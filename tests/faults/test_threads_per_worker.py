@@ -1,0 +1,136 @@
+"""Worker processes that run several cores in threads (``threads_per_worker``) meet
+real faults: a segfault in one core's thread, a poison sample, a stuck thread killed
+with its process, a kill from outside. The process dies with every core in it; the
+core whose doing it was is told apart (faulthandler's crash dump names its thread,
+or the loop killed the process for it), the others are restarted with it and their
+tasks re-sent with no evidence against them, and one restart is charged a death.
+Nothing is lost or repeated; the autouse ``leak_check`` fixture (conftest.py) checks
+that no process, memfd or /dev/shm file survives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor import DataLoader, WorkerRestartedWarning, WorkerTimeoutError
+
+pytestmark = pytest.mark.timeout(90)
+
+N, BAD = 18, 7
+
+
+class FailsAt:
+    """Sample ``i`` is ``i``; ``dataset[BAD]`` fails ``how``: the first time only when
+    ``once_marker`` is a path (the file says it happened), else every time."""
+
+    def __init__(self, how: str, once_marker: str = "") -> None:
+        self.how = how
+        self.once_marker = once_marker
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        if i == BAD and self._now():
+            if self.how == "SIGSEGV":
+                ctypes.string_at(0)  # a real segfault, in this core's thread
+            elif self.how == "SIGKILL":
+                os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+            elif self.how == "hang":
+                time.sleep(60)
+        return i
+
+    def _now(self) -> bool:
+        if not self.once_marker:
+            return True
+        try:
+            os.close(os.open(self.once_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def _run(dataset: Any, start_method: str, **kwargs: Any) -> tuple[list[int], list[str]]:
+    """Every sample the loader hands out, in order, and the restart warnings' texts."""
+    options: dict[str, Any] = dict(
+        batch_size=1, num_workers=1, threads_per_worker=3, multiprocessing_context=start_method
+    )
+    options.update(kwargs)
+    loader = DataLoader(dataset, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WorkerRestartedWarning)
+        samples = [int(batch) for batch in loader]
+    said = [str(w.message) for w in caught if issubclass(w.category, WorkerRestartedWarning)]
+    return samples, said
+
+
+def test_a_segfault_in_one_cores_thread_restarts_the_process_and_blames_that_core(
+    start_method: str, tmp_path: Path
+) -> None:
+    dataset = FailsAt("SIGSEGV", once_marker=str(tmp_path / "crashed"))
+    samples, said = _run(dataset, start_method, max_worker_restarts=1)
+    assert samples == list(range(N))  # every sample once, in order
+    assert len(said) == 1, said  # one death, one warning: the crashed core's
+    (report,) = said
+    assert f"during fetch of batch {BAD} (dataset indices [{BAD}])" in report
+    assert "killed by signal SIGSEGV" in report
+    assert "restart 1 of 1" in report  # one process died: one restart charged
+    assert "ran as threads of the same process and were restarted with it" in report
+
+
+def test_a_sample_that_segfaults_every_time_is_proven_and_left_out_under_skip(
+    start_method: str,
+) -> None:
+    loader_kwargs = dict(on_error="skip", max_errors=1, max_worker_restarts=1)
+    dataset = FailsAt("SIGSEGV")
+    loader = DataLoader(
+        dataset, batch_size=1, num_workers=1, threads_per_worker=3,
+        multiprocessing_context=start_method, **loader_kwargs,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkerRestartedWarning)
+        samples = [int(batch) for batch in loader]
+    assert samples == [i for i in range(N) if i != BAD]
+    (skipped,) = loader.skipped_samples
+    assert (skipped.index, skipped.stage) == (BAD, "crash")
+
+
+def test_a_stuck_thread_is_killed_with_its_process_and_its_siblings_work_resent(
+    start_method: str, tmp_path: Path
+) -> None:
+    dataset = FailsAt("hang", once_marker=str(tmp_path / "hung"))
+    samples, said = _run(dataset, start_method, timeout=2, on_timeout="restart")
+    assert samples == list(range(N))
+    assert len(said) == 1, said
+    assert f"batch {BAD}" in said[0] and "ran as threads of the same process" in said[0]
+
+
+def test_a_stuck_threads_timeout_shows_that_threads_stack_alone(start_method: str) -> None:
+    loader = DataLoader(
+        FailsAt("hang"), batch_size=1, num_workers=1, threads_per_worker=3, timeout=2,
+        multiprocessing_context=start_method,
+    )  # fmt: skip
+    with pytest.raises(WorkerTimeoutError) as caught:
+        list(loader)
+    text = str(caught.value)
+    assert f"dataset indices [{BAD}]" in text
+    assert "in __getitem__" in text  # where it is stuck, from its thread's own stack
+    headers = [line for line in text.splitlines() if "thread 0x" in line.lower()]
+    assert len(headers) == 1, text  # its own thread's stack, not its siblings'
+
+
+def test_a_kill_from_outside_ends_every_core_and_is_charged_once(
+    start_method: str, tmp_path: Path
+) -> None:
+    dataset = FailsAt("SIGKILL", once_marker=str(tmp_path / "killed"))
+    samples, said = _run(dataset, start_method, max_worker_restarts=1)
+    assert samples == list(range(N))
+    assert said and all("SIGKILL" in text for text in said)
