@@ -1065,3 +1065,45 @@ def ray_cases() -> list[Any]:
         chosen.append(pytest.param(remote, id=f"ray-{param.id}", marks=param.marks))
     assert len(chosen) == len(RAY_SUBSET), "a RAY_SUBSET id is not in the table"
     return chosen
+
+
+# --- worker processes running cores in threads (threads_per_worker) ------------------
+
+# Each axis of the table once in the default run; all of it with -m slow.
+CORES_SUBSET = (
+    "bs3-drop1-w2", "nested-bs3-w2", "collate-numpy-w2", "getitems-w2",
+    "shuffle-generator-w2", "conveyor-info-sharded-bs5-drop-w3", "empty-shard-w3",
+    "unordered-shuffle-w2", "persistent-sharded-break",
+)  # fmt: skip
+
+
+def cores_cases() -> list[Any]:
+    """The thread workers' table with conveyor's ``num_workers`` processes of 2 cores
+    each, against torch with as many workers as conveyor has cores (``2 * num_workers``):
+    sharding, order and batches must be those of torch's ``2 * num_workers`` workers."""
+    chosen = []
+    for param in thread_cases():
+        (threaded,) = param.values
+        base_id = param.id.removeprefix("threads-")
+
+        def kwargs(side: str, threaded: Case = threaded) -> dict[str, Any]:
+            given = dict(threaded.kwargs(side))
+            if side == "conveyor":
+                given["worker_method"] = "multiprocessing"
+                given["threads_per_worker"] = 2
+            else:
+                given["num_workers"] = 2 * given["num_workers"]
+            return given
+
+        cores = Case(threaded.dataset, kwargs, threaded.conveyor_dataset, threaded.epochs,
+                     threaded.stop_after)  # fmt: skip
+        marks = list(param.marks) + ([] if base_id in CORES_SUBSET else [pytest.mark.slow])
+        chosen.append(pytest.param(cores, id=f"cores-{base_id}", marks=marks))
+    missing = set(CORES_SUBSET) - {p.id.removeprefix("cores-") for p in chosen}
+    assert not missing, f"CORES_SUBSET ids not in the thread workers' table: {missing}"
+    return chosen
+
+
+@pytest.mark.parametrize("case", cores_cases())
+def test_cores_in_threads_give_torchs_batches(case: Case) -> None:
+    check_parity(case)

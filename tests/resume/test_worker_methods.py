@@ -1,4 +1,5 @@
-"""A state taken with process workers resumes with thread workers and back, exactly, and
+"""A state taken with process workers resumes with thread workers and back (and with
+processes of several cores in threads, ``threads_per_worker``), exactly, and
 ``reseed`` gives the same augmentations to code that draws from the worker's own
 generators (``get_worker_info().rng``) whichever kind of worker runs it."""
 
@@ -42,23 +43,39 @@ def _plain(batch: Any) -> Any:
 
 
 def _loader(num_workers: int, worker_method: str, seed: int = 3, **kwargs: Any) -> DataLoader:
-    options: dict[str, Any] = dict(
-        batch_size=BATCH, reseed="batch", worker_method=worker_method, shuffle=True
-    )
+    options: dict[str, Any] = dict(batch_size=BATCH, reseed="batch", shuffle=True)
     options["generator"] = seeded(seed)  # torch's, or NumPy's without torch
-    if worker_method == "multiprocessing":
+    if worker_method == CORES:  # num_workers processes of 2 cores each
+        options["threads_per_worker"] = 2
+        worker_method = PROCESSES
+    options["worker_method"] = worker_method
+    if worker_method == PROCESSES:
         options["multiprocessing_context"] = "fork"
     options.update(kwargs)
     return DataLoader(OwnDraws(), num_workers=num_workers, **options)
 
 
-PROCESSES, THREADS = "multiprocessing", "thread"
+PROCESSES, THREADS, CORES = "multiprocessing", "thread", "cores in threads"
 
 
 @pytest.mark.parametrize(
     ("before", "after"),
-    [((4, PROCESSES), (8, THREADS)), ((8, THREADS), (4, PROCESSES)), ((3, THREADS), (2, THREADS))],
-    ids=["processes-to-threads", "threads-to-processes", "threads-to-threads"],
+    [
+        ((4, PROCESSES), (8, THREADS)),
+        ((8, THREADS), (4, PROCESSES)),
+        ((3, THREADS), (2, THREADS)),
+        ((2, CORES), (5, THREADS)),
+        ((6, THREADS), (3, CORES)),
+        ((3, PROCESSES), (2, CORES)),
+    ],
+    ids=[
+        "processes-to-threads",
+        "threads-to-processes",
+        "threads-to-threads",
+        "cores-to-threads",
+        "threads-to-cores",
+        "processes-to-cores",
+    ],
 )
 @pytest.mark.parametrize("step", [5, 11], ids=["middle", "boundary"])
 def test_a_state_moves_between_worker_methods(
@@ -86,6 +103,7 @@ def test_reseed_draws_from_the_workers_generators_do_not_depend_on_the_method(
     reseed: str,
 ) -> None:
     assert _draws(2, PROCESSES, reseed) == _draws(5, THREADS, reseed)
+    assert _draws(2, CORES, reseed) == _draws(5, THREADS, reseed)
 
 
 def test_without_reseed_each_worker_is_seeded_as_torch_seeds_it() -> None:

@@ -303,6 +303,7 @@ def test_samples_that_mostly_wait_mean_many_threads() -> None:
     assert text.startswith("Samples mostly wait")
     assert "computing 2% of the time" in text and "(7.8x)" in text
     assert "worker_method='thread'" in text
+    assert "num_workers=2 processes of threads_per_worker=16 threads each" in text
 
 
 def test_samples_that_release_the_gil_mean_threads_as_many_as_cpus() -> None:

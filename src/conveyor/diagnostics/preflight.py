@@ -66,6 +66,12 @@ class _Target:
     collate_fn: Callable[[Any], Any] | None
     iterable: bool
     worker_method: str = "multiprocessing"  # or "thread": nothing pickled, nothing forked
+    threads_per_worker: int = 1  # worker processes of several cores in threads
+
+    @property
+    def processes(self) -> int:
+        """Worker processes (``num_workers`` counts cores: several a process in threads)."""
+        return self.num_workers // self.threads_per_worker
 
     @property
     def threads(self) -> bool:
@@ -76,7 +82,9 @@ class _Target:
         return self.roots[0][1]
 
     def subject(self) -> str:
-        workers = f"{self.num_workers} worker" + ("" if self.num_workers == 1 else "s")
+        workers = f"{self.processes} worker" + ("" if self.processes == 1 else "s")
+        if self.threads_per_worker > 1:
+            workers += f" of {self.threads_per_worker} threads"
         kind = type(self.dataset)
         name = f"{kind.__module__}.{kind.__qualname__}"
         if self.threads:
@@ -120,7 +128,7 @@ def check(
         walk = Walk(target.roots, pickled=pickled, max_objects=_FULL_WALK_OBJECTS)
         findings += _object_findings(walk, target, full=True)
         if not target.threads:  # threads take no process, no descriptors, and may outnumber cores
-            findings += environment.cpu_findings(target.num_workers)
+            findings += environment.cpu_findings(target.processes)
             findings += environment.fd_findings(target.num_workers)
         batch_bytes = _batch_bytes(target)
         if batch_bytes:
@@ -141,8 +149,8 @@ def _automatic(target: _Target) -> list[Finding]:
         return thread_hazard_findings(walk, dict(target.roots).get("worker_init_fn"))
     walk = Walk(target.roots, pickled=target.start_method.pickles_objects)
     findings = _object_findings(walk, target, full=False)
-    findings += environment.cpu_findings(target.num_workers, automatic=True)
-    findings += environment.fd_findings(target.num_workers)
+    findings += environment.cpu_findings(target.processes, automatic=True)
+    findings += environment.fd_findings(target.num_workers)  # each core holds its own
     return list(_worst_first(findings))
 
 
@@ -199,7 +207,8 @@ def _from_config(
 ) -> _Target:
     """What to check for a loader: its settings, where ``check()``'s arguments do not
     override them (``num_workers=None`` keeps the loader's, or all usable CPUs for 0)."""
-    workers = config.num_workers if num_workers is None else num_workers
+    # The loader's num_workers counts cores; the argument, as DataLoader's, processes.
+    workers = config.num_workers if num_workers is None else num_workers * config.threads_per_worker
     return _Target(
         roots=(
             ("dataset", config.dataset),
@@ -214,6 +223,7 @@ def _from_config(
         collate_fn=config.collate_fn,
         iterable=config.iterable,
         worker_method=config.worker_method,
+        threads_per_worker=config.threads_per_worker,
     )
 
 
@@ -230,6 +240,8 @@ def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding
     if not is_datapipe(roots["dataset"]):  # the loader seeds a DataPipe's generators itself
         findings += rng_findings(walk, method, roots.get("worker_init_fn"))
     findings += descriptor_findings(walk, method)
+    if target.threads_per_worker > 1:  # each process's cores share its objects
+        findings += thread_hazard_findings(walk, roots.get("worker_init_fn"))
     if method.copies_memory:
         findings += cuda_findings(walk, full=full)
         findings += thread_findings()

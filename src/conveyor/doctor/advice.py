@@ -100,7 +100,9 @@ def method_advice(probe: ThreadProbe, cpus: int, hazards: tuple[str, ...] = ()) 
         return (
             f"Samples mostly wait ({measured}): use many threads, "
             "worker_method='thread' with num_workers well past the CPUs (16, 32, 64: "
-            "as many requests as the storage serves)." + first
+            "as many requests as the storage serves); or, to keep them off the training "
+            f"process's GIL, num_workers={cpus} processes of threads_per_worker=16 "
+            "threads each (as many requests open, the memory of a few processes)." + first
         )
     if probe.speedup >= max(1.3, RELEASES_GIL * min(probe.threads, cpus)):
         return (
