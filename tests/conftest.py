@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 _UNIT = Path(__file__).parent / "unit"
+# Modules whose forkserver variants run with -m slow too: each starts workers that import
+# torch afresh (2-5 s a variant), and their fork variants cover the same code; other
+# modules' forkserver variants keep pickled objects covered in the default run.
+_FORKSERVER_SLOW = frozenset({
+    "test_torch_free_workers.py", "test_collate_fn_map.py", "test_reseed.py",
+    "test_round_trip.py", "test_torch_parity.py",
+})  # fmt: skip
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
@@ -25,7 +32,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is None or _UNIT in Path(str(item.path)).parents:
             continue
-        if "spawn" in callspec.params.values() or "spawn" in callspec.id.split("-"):
+        methods = {v for v in callspec.params.values() if isinstance(v, str)}
+        methods |= set(callspec.id.split("-"))
+        forkserver_slow = Path(str(item.path)).name in _FORKSERVER_SLOW
+        if "spawn" in methods or ("forkserver" in methods and forkserver_slow):
             item.add_marker(pytest.mark.slow)
 
 

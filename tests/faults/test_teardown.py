@@ -392,8 +392,8 @@ def test_the_serialized_dataset_is_freed_once_every_worker_loaded_it(method: str
 
 @pytest.mark.parametrize(
     "start_method",
-    ["fork", *(pytest.param(m, marks=pytest.mark.slow) for m in ("forkserver", "spawn"))],
-)
+    [pytest.param(m, marks=pytest.mark.slow) for m in ("fork", "forkserver", "spawn")],
+)  # (all slow: a child process interrupted during teardown, about 6 s each)
 def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None:
     # ~4 s each (teardown waits out its grace period for busy workers): the default
     # run keeps fork; -m slow adds the others.

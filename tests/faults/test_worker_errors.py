@@ -285,7 +285,10 @@ def test_exception_class_of_the_main_script_is_caught_by_its_name(start_method: 
     assert len(corrupt["notes"]) == len(local["notes"]) == 2
 
 
-@pytest.mark.parametrize("origin", ["script", "cell", "stdin"])
+# Each runs a Python process of its own (about 3 s): a script in the default run.
+@pytest.mark.parametrize(
+    "origin", ["script", *(pytest.param(o, marks=pytest.mark.slow) for o in ("cell", "stdin"))]
+)
 def test_worker_traceback_shows_the_users_file_line_and_source(
     start_method: str, origin: str
 ) -> None:

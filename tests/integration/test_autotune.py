@@ -102,6 +102,7 @@ def test_auto_never_goes_past_the_memory_budget(record_property: Any) -> None:
     assert any("would not fit the memory left" in note for note in report["notes"]), report
 
 
+@pytest.mark.slow  # waits for the tuner to settle (about 6 s)
 def test_auto_retires_workers_the_loop_does_not_wait_for_and_settles() -> None:
     """A slow training step: workers idle most of the time, one goes each window, down to
     one; then nothing changes, and after a few windows the count is said to be settled."""

@@ -127,6 +127,7 @@ def train_set():
 """
 
 
+@pytest.mark.slow  # a `conveyor doctor` process importing torch (about 5 s)
 @pytest.mark.parametrize("method", METHODS)
 def test_doctor_on_a_dataset_holding_a_shared_file_handle(method: str, tmp_path: Path) -> None:
     (tmp_path / "records.py").write_text(RECORDS)

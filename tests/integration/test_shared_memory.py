@@ -55,6 +55,7 @@ def _can_make_mount_namespaces() -> bool:
 
 
 @pytest.mark.skipif(not _can_make_mount_namespaces(), reason="needs unshare --mount (root)")
+@pytest.mark.slow  # a process in a mount namespace of its own (about 3 s)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_one_megabyte_dev_shm_does_not_matter(tmp_path, method):
     """torch needs /dev/shm for every batch (bus errors in small containers);
@@ -302,6 +303,7 @@ def _under_address_space_limit(tmp_path: Any, headroom_mib: int) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow  # a child process under ulimit -v (about 5 s)
 def test_under_ulimit_v_only_slots_in_use_are_mapped(tmp_path: Any) -> None:
     # Mapping every slot of 4 workers for the loader's life takes 12 slots of 80 MiB
     # (960 MiB) beyond the process's own address space; the batches in flight, at most

@@ -20,12 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     "method",
-    [
-        "fork",
-        pytest.param("forkserver", marks=pytest.mark.slow),
-        pytest.param("spawn", marks=pytest.mark.slow),
-    ],
-)
+    [pytest.param(m, marks=pytest.mark.slow) for m in ("fork", "forkserver", "spawn")],
+)  # (all slow: a spawned parent process, then its workers, about 6 s each)
 def test_a_spawned_parents_main_classes_reach_the_workers(method: str) -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), method],

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import conveyor
+import conveyor._workers.threads
 from conveyor import (
     ConfigError,
     DataLoader,
@@ -204,10 +205,18 @@ class Hangs:
         return i
 
 
+@pytest.fixture
+def brief_stop_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader's teardown gives a stuck thread 5 s to finish; these tests release
+    theirs themselves, once the error is raised (and that teardown over)."""
+    monkeypatch.setattr(conveyor._workers.threads, "STOP_GRACE_S", 0.1)
+
+
+@pytest.mark.usefixtures("brief_stop_grace")
 def test_a_hung_thread_is_reported_with_its_stack() -> None:
     """The stall warning (at 0.3 s) comes while the loop waits, before the timeout."""
     dataset = Hangs()
-    loader = _loader(dataset, batch_size=2, num_workers=2, stall_warning=0.3, timeout=3)
+    loader = _loader(dataset, batch_size=2, num_workers=2, stall_warning=0.3, timeout=1.5)
     try:
         with pytest.warns(WorkerStallWarning) as record, pytest.raises(WorkerTimeoutError):
             list(loader)
@@ -218,6 +227,7 @@ def test_a_hung_thread_is_reported_with_its_stack() -> None:
     assert "__getitem__" in text and "self.release.wait(60)" in text  # the thread's stack
 
 
+@pytest.mark.usefixtures("brief_stop_grace")
 def test_a_timeout_names_the_sample_and_shows_the_threads_stack() -> None:
     dataset = Hangs()
     loader = _loader(dataset, batch_size=2, num_workers=2, timeout=0.5)

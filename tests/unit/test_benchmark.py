@@ -356,6 +356,7 @@ def _number(cell: str) -> float:
 FEATURES_CONFIG = "2 workers, persistent, reseed='batch', on_error='skip', snapshot every step"
 
 
+@pytest.mark.slow  # runs `conveyor bench --quick` whole (about 8 s): CI's slow run
 def test_cli_quick_run_prints_the_table_and_saves_json(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "bench.json"

@@ -113,6 +113,7 @@ def test_a_good_dataset_gets_every_section_and_exit_0(tmp_path: Path) -> None:
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
+@pytest.mark.slow  # a `conveyor doctor` process importing torch (3-5 s)
 def test_sqlite_under_spawn_exits_1_naming_the_attribute(tmp_path: Path) -> None:
     write(tmp_path, "rows", SQLITE)
     done = doctor(tmp_path, "rows.py:Rows", "--start-method", "spawn", "--workers", "0,1")
@@ -125,6 +126,7 @@ def test_sqlite_under_spawn_exits_1_naming_the_attribute(tmp_path: Path) -> None
     assert out.rstrip().endswith("1 error, 0 warnings: exit status 1")
 
 
+@pytest.mark.slow  # a `conveyor doctor` process importing torch (3-5 s)
 def test_a_bad_target_exits_2_saying_what_failed(tmp_path: Path) -> None:
     done = doctor(tmp_path, "no_such_module:dataset")
     assert done.returncode == 2
@@ -133,6 +135,7 @@ def test_a_bad_target_exits_2_saying_what_failed(tmp_path: Path) -> None:
     assert f"(looked in {tmp_path})" in done.stderr
 
 
+@pytest.mark.slow  # a `conveyor doctor` process importing torch (3-5 s)
 def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
     done = doctor(tmp_path, "x:y", "--workers", "two")
     assert done.returncode == 2

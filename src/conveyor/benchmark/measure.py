@@ -26,9 +26,15 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
-from conveyor.benchmark.processes import TreeUsage, count_leftovers, descendants, tree_rss
+from conveyor.benchmark.processes import (
+    TreeUsage,
+    count_leftovers,
+    descendants,
+    tree_pss,
+    tree_rss,
+)
 from conveyor.benchmark.specs import WindowSpec
-from conveyor.benchmark.workloads import MapDataset, hand_collate
+from conveyor.benchmark.workloads import MapDataset, hand_collate, spin
 
 LoaderFactory = Callable[[], Iterable[Any]]
 Collate = Callable[[Any], Any]
@@ -63,6 +69,8 @@ class Measurement:
     settled_after_s: float | None = None
     settled_workers: int | None = None
     waited_to_settle: bool = False
+    tree_pss_bytes: int | None = None  # this process and its workers, at the window's end
+    step_ms: float | None = None  # train: a training step's mean time in the window
 
     @property
     def waited_share(self) -> float:
@@ -213,13 +221,18 @@ def _delta(before: int | None) -> int | None:
 class TrainingStep:
     """The ``train`` kind's step after each batch: the copy to the accelerator if there
     is one, then ``step_s`` asleep, as the host waits for the device's work (the
-    loader's threads and processes run meanwhile). Sums what the loop spent where."""
+    loader's threads and processes run meanwhile) — or, with ``spin_iterations``, that
+    much pure Python holding the GIL, as a host launching the device's work does (thread
+    workers in this process then compete for it). Sums what the loop spent where."""
 
     step_s: float
     accelerator: Accelerator | None
+    spin_iterations: int = 0
     waited_s: float = 0.0
     copy_s: float = 0.0
     copied_bytes: int = 0
+    stepping_s: float = 0.0  # timed steps' own time
+    steps: int = 0
 
     def run(self, batch: Any, timed: bool = True) -> None:
         if self.accelerator is not None:
@@ -228,7 +241,14 @@ class TrainingStep:
             if timed:
                 self.copy_s += time.perf_counter() - copying
                 self.copied_bytes += copied
-        time.sleep(self.step_s)
+        stepping = time.perf_counter()
+        if self.spin_iterations:
+            spin(self.spin_iterations)
+        else:
+            time.sleep(self.step_s)
+        if timed:
+            self.stepping_s += time.perf_counter() - stepping
+            self.steps += 1
 
 
 def _time_window(
@@ -283,6 +303,7 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
+    pss = tree_pss() if window.measure_memory else None
     result = Measurement(
         batches,
         samples,
@@ -297,6 +318,8 @@ def _time_window(
         settled_after_s=settled,
         settled_workers=settled_workers,
         waited_to_settle=settle,
+        tree_pss_bytes=pss,
+        step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
     )
     if train is None:
         return result
@@ -388,11 +411,13 @@ def measure_training(
     accelerator: Accelerator | None = None,
     *,
     settle: bool = False,
+    spin_iterations: int = 0,
 ) -> Measurement:
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
     loader is built and dropped in here."""
     before = descendants()
-    result = _time_window(make_loader, window, TrainingStep(step_s, accelerator), settle)
+    step = TrainingStep(step_s, accelerator, spin_iterations)
+    result = _time_window(make_loader, window, step, settle)
     return dataclasses.replace(result, leaked_processes=count_leftovers(before))
 
 

@@ -93,7 +93,7 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
                 "time an epoch takes, its workers' start-up included, lower is better; "
                 "ratio = torch / conveyor"
             )
-        if row.kind == "train":
+        if row.kind == "train" or (row.kind == "variant" and spec.kind == "train"):
             row.notes.extend(_training_notes(row))
         if row.kind == "variant" and mine and (v := row.median("conveyor")):
             row.notes.append(f"{v / mine:.2f}x conveyor's workers row above")
@@ -105,11 +105,31 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             ideal = count * spec.per_worker_ideal if count else None
         if ideal and row.kind in ("throughput", "train", "variant"):
             row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
+        row.notes.extend(_memory_notes(row, workers))
         for name, runs in row.runs.items():
             leaked = max(m.leaked_processes for m in runs)
             if leaked:
                 row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
         row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _pss(row: Row, loader: str) -> float | None:
+    """The median memory (PSS, MiB) of a row's runs for ``loader``; None if unread."""
+    values = [m.tree_pss_bytes for m in row.runs.get(loader, []) if m.tree_pss_bytes]
+    return statistics.median(values) / 2**20 if values else None
+
+
+def _memory_notes(row: Row, workers: Row | None) -> list[str]:
+    """What each loader's processes held at the window's end: this process and its
+    workers, as PSS (a page shared by several counted once)."""
+    held = {name: mib for name in ALL if (mib := _pss(row, name)) is not None}
+    if not held:
+        return []
+    text = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in held.items())
+    mine, theirs = held.get("conveyor"), _pss(workers, "conveyor") if workers else None
+    if row.kind == "variant" and mine and theirs:
+        text += f" ({mine / theirs:.2f}x the workers row's)"
+    return [f"memory (PSS of this process and its workers): {text}"]
 
 
 def _settle_notes(runs: list[Measurement]) -> list[str]:
@@ -203,6 +223,13 @@ def _training_notes(row: Row) -> list[str]:
         if rates:
             copies.append(f"{name} {statistics.median(rates) / 1e9:.1f} GB/s")
     notes = [f"waiting for data: {', '.join(waited)} of the loop"] if waited else []
+    steps = [
+        f"{name} {statistics.median(ms):.1f} ms"
+        for name in LOADERS
+        if (ms := [m.step_ms for m in row.runs.get(name, []) if m.step_ms is not None])
+    ]
+    if steps:
+        notes.append(f"a training step took: {', '.join(steps)}")
     if copies:
         notes.append(f"copy to the accelerator: {', '.join(copies)}")
     return notes
@@ -213,4 +240,6 @@ def _worker_count(spec: WorkloadSpec, row: Row) -> int | None:
     if row.kind == "throughput":
         return spec.num_workers if row.config != INLINE_CONFIG else None
     variant = next((v for v in spec.variants if v.label == row.config), None)
+    if variant is not None and variant.cores is not None:
+        return variant.cores
     return variant.workers if variant is not None and isinstance(variant.workers, int) else None

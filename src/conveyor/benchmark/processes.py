@@ -84,6 +84,21 @@ def tree_rss() -> int:
     return total
 
 
+def tree_pss() -> int | None:
+    """This process's memory and its workers' (multiprocessing's helpers left out), as
+    PSS: pages shared by several processes (a forked dataset) are counted once, split
+    among them, so the sum is what the tree really holds. None where it cannot be read."""
+    total = 0
+    for proc in _process_tree():
+        if proc.pid != os.getpid() and _is_helper(proc):
+            continue
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            return None
+    return total
+
+
 def _is_helper(proc: psutil.Process) -> bool:
     """Whether ``proc`` is one of multiprocessing's helpers (not a fork server's child: a
     forked child keeps its parent's command line)."""

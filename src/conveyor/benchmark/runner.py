@@ -48,7 +48,7 @@ from conveyor.benchmark.rows import (
     RowKind,
 )
 from conveyor.benchmark.specs import DEFAULT_WORKLOADS, WORKLOADS, WorkloadSpec
-from conveyor.benchmark.workloads import MapDataset, Repeated
+from conveyor.benchmark.workloads import MapDataset, Repeated, calibrate_spin
 
 __all__ = [
     "ALTERNATIVES",
@@ -357,13 +357,15 @@ def _run_workload(
         accelerator = Accelerator.find()
         pinned = {"pin_memory": True} if accelerator is not None else {}
         where = f"pin_memory, copy to {accelerator.device}" if accelerator else "no accelerator"
-        config = f"{_config_label(spec, method)}, {1000 * spec.step_s:g} ms step, {where}"
+        step = f"{1000 * spec.step_s:g} ms step" + (" of Python" if spec.step_holds_gil else "")
+        config = f"{_config_label(spec, method)}, {step}, {where}"
         row, factories = loader_row(config, "train", spec.num_workers, extra=pinned)
+        spins = calibrate_spin(spec.step_s) if spec.step_holds_gil else 0
 
         def train(factory: LoaderFactory, *, settle: bool = False) -> Measurement:
-            if settle:
-                return measure_training(factory, window, spec.step_s, accelerator, settle=True)
-            return measure_training(factory, window, spec.step_s, accelerator)
+            return measure_training(
+                factory, window, spec.step_s, accelerator, settle=settle, spin_iterations=spins
+            )
 
         run(row, factories, train)
         run_variants(train, extra=pinned)

@@ -34,6 +34,7 @@ class Variant:
     label: str
     workers: int | str
     extra: tuple[tuple[str, Any], ...] = ()
+    cores: int | None = None  # workers serving at once, when not ``workers`` (threads in each)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class WindowSpec:
     min_batches: int
     max_batches: int
     seconds: float
+    measure_memory: bool = False  # read the process tree's memory (PSS) at the window's end
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,14 @@ class WorkloadSpec:
     quick_start_methods: tuple[str, ...] = ()
     fixed_length: int | None = None  # startup: paths (quick: a tenth); epochs: samples/epoch
     step_s: float = 0.0  # train: each batch's training step (the host waiting for the GPU)
+    step_holds_gil: bool = False  # train: the step is Python holding the GIL, not a sleep
     variants: tuple[Variant, ...] = ()  # rows of conveyor alone, other settings
     # A worker's own limit (samples/s it can give: one over a sample's wait), for the
     # share of the ideal each row reaches whatever its worker count.
     per_worker_ideal: float | None = None
     by_default: bool = True  # run without --workloads (ray: only when named)
+    # Each row says what memory its loader's processes held (worker kinds compared).
+    measure_memory: bool = False
 
     def __post_init__(self) -> None:
         timed = self.kind in ("throughput", "epochs", "train", "ray")
@@ -116,11 +121,17 @@ class WorkloadSpec:
         """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
         if not quick:
             return WindowSpec(
-                self.warmup, self.min_batches, self.max_batches, seconds * self.seconds_scale
+                self.warmup,
+                self.min_batches,
+                self.max_batches,
+                seconds * self.seconds_scale,
+                self.measure_memory,
             )
         warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
         least = 1 if self.quick_seconds else self.quick_batches
-        return WindowSpec(warmup, least, self.quick_batches, self.quick_seconds)
+        return WindowSpec(
+            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory
+        )
 
 
 _CPU_ITERATIONS: list[int] = []
@@ -228,6 +239,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
                 Variant("2 thread workers", 2, (("worker_method", "thread"),)),
                 Variant("num_workers='auto'", "auto"),
             ),
+            measure_memory=True,
         ),
         WorkloadSpec(
             name="cpu",
@@ -299,7 +311,8 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         WorkloadSpec(
             name="remote",
             summary="samples that wait 20 ms (object storage stands in), batch 16: 8 worker "
-            "processes against 64 thread workers; ideal: one sample per 20 ms per worker",
+            "processes against 64 thread workers and 4 processes of 16 threads; ideal: one "
+            "sample per 20 ms per worker",
             kind="throughput",
             make_dataset=lambda n, quick: SleepDataset(n, delay_s=0.02),
             batch_size=16,
@@ -311,9 +324,11 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             per_worker_ideal=1 / 0.02,
             variants=(
                 Variant("64 thread workers", 64, (("worker_method", "thread"),)),
+                Variant("4 processes x 16 threads", 4, (("threads_per_worker", 16),), cores=64),
                 Variant("num_workers='auto', threads", "auto", (("worker_method", "thread"),)),
             ),
             in_quick=False,
+            measure_memory=True,
         ),
         WorkloadSpec(
             name="train",
@@ -330,6 +345,28 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             step_s=0.005,
             ideal_samples_per_s=64 / 0.005,
             variants=(THREADS,),
+        ),
+        WorkloadSpec(
+            name="host",
+            summary="decode's batches into a training loop whose 5 ms step is Python holding "
+            "the GIL, as a host launching GPU work is: how much thread workers in the "
+            "training process slow the step (SPDL's finding), against processes",
+            kind="train",
+            make_dataset=_decode_dataset,
+            batch_size=16,
+            num_workers=2,
+            persistent_workers=True,
+            max_batches=400,
+            quick_batches=4,
+            warmup=4,
+            step_s=0.005,
+            step_holds_gil=True,
+            variants=(
+                THREADS,
+                Variant("2 processes x 2 threads", 2, (("threads_per_worker", 2),), cores=4),
+            ),
+            in_quick=False,
+            measure_memory=True,
         ),
         WorkloadSpec(
             name="startup",
