@@ -87,6 +87,26 @@ def test_each_core_is_a_worker_of_its_own_in_a_thread_of_one_of_the_processes() 
     )
 
 
+class GlobalDraws:
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        return os.getpid(), float(np.random.random())
+
+
+def test_each_process_seeds_its_shared_generators_differently() -> None:
+    """The process-wide generators its threads share are seeded once per process, as
+    its first worker's: two processes do not draw alike (their threads together cannot
+    draw reproducibly: the docs point to get_worker_info().rng)."""
+    drawn: dict[int, set[float]] = {}
+    for pid, draw in _loader(GlobalDraws(), batch_size=1):
+        drawn.setdefault(int(pid), set()).add(float(draw))
+    assert len(drawn) == PROCESSES and os.getpid() not in drawn
+    one, other = drawn.values()
+    assert not one & other  # forked alike and left unseeded, they would draw the same
+
+
 def test_iterator_workers_lists_the_processes() -> None:
     loader = _loader(WhoServes(), persistent_workers=True)
     iterator = iter(loader)

@@ -18,10 +18,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import cloudpickle
 
-from .. import _torch
+from .. import _scope, _torch
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
@@ -101,7 +102,7 @@ def worker_main(
     if len(shells) == 1:
         shells[0].run(objects, owns_process=True)
         return
-    _one_torch_thread()
+    _seed_process(cores[0].spec)
     threads = [
         threading.Thread(
             target=shell.run,
@@ -154,9 +155,21 @@ class _CoreShell:
                 close_per_worker_resources(everyone=True)
 
 
-def _one_torch_thread() -> None:
-    """Cores in threads share the process: torch's intra-op threads would multiply."""
-    _torch.on_import(lambda torch: torch.set_num_threads(1))
+def _seed_process(first: WorkerSpec) -> None:
+    """Cores in threads share the process's generators (each seeds only its own): they
+    are seeded once, as its first core's would be, so that two processes do not draw
+    alike (torch's workers' bug of old); torch's intra-op threads, which would multiply
+    with the cores, are kept to one."""
+    from ..sampling import worker_seeds
+
+    seeds = worker_seeds(first.base_seed, first.worker_id)
+    _scope.GLOBAL_GENERATORS.seed_each(seeds.python, seeds.numpy, seeds.torch)
+
+    def one_thread(torch: Any) -> None:
+        torch.manual_seed(seeds.torch)
+        torch.set_num_threads(1)
+
+    _torch.on_import(one_thread)
 
 
 class _Results:
