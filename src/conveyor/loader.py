@@ -87,6 +87,11 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     (threads of this process) or ``"ray"`` (one Ray actor per worker, on the cluster
     ``ray.init()`` connects to; ``worker_options`` are the actors' options: CPUs per
     worker, custom resources, a runtime environment). See docs/ray.md.
+    ``threads_per_worker`` (worker processes only; default 1): each worker process runs
+    that many workers in threads, each a worker of its own (``num_workers *
+    threads_per_worker`` in all, as ``get_worker_info()`` and checkpoints count them);
+    for samples that wait on storage, many requests open at the memory cost of a few
+    processes. See docs/guide.md.
     """
 
     _initialized = False

@@ -128,6 +128,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "startup": (32, 2, False),
         "epochs": (256, 2, False),
         "train": (64, 2, True),
+        "host": (16, 2, True),
         "ray": (64, 2, True),
     }
     # The issue's targets (issue 24), printed beside the figures.
@@ -142,9 +143,8 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    assert tuple(n for n in WORKLOADS if n not in ("decode", "big", "remote", "ray")) == (
-        specs.QUICK_WORKLOADS
-    )
+    heavy = ("decode", "big", "remote", "host", "ray")  # left out of --quick
+    assert tuple(n for n in WORKLOADS if n not in heavy) == (specs.QUICK_WORKLOADS)
     # ray starts a Ray cluster: only when named (issue 27).
     assert tuple(n for n in WORKLOADS if n != "ray") == specs.DEFAULT_WORKLOADS
     assert WORKLOADS["startup"].start_methods == ("spawn",)
@@ -155,6 +155,9 @@ def test_workloads_match_the_documented_settings() -> None:
     assert WORKLOADS["latency"].ideal_samples_per_s == pytest.approx(1600)
     assert WORKLOADS["train"].step_s == 0.005
     assert WORKLOADS["train"].ideal_samples_per_s == pytest.approx(64 / 0.005)
+    # Issue 25's rows: 4 processes x 16 threads for remote reads, the SPDL effect (host).
+    assert [v.label for v in WORKLOADS["remote"].variants][1] == "4 processes x 16 threads"
+    assert WORKLOADS["host"].step_holds_gil and WORKLOADS["host"].step_s == 0.005
 
 
 def test_the_ray_workload_without_ray_says_so_on_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +244,29 @@ def test_auto_rows_say_how_long_the_count_took_to_settle() -> None:
         "auto settled in 1 of 2 runs within 30 s; the others were timed while it adapted"
     ]
     assert notes([settled(None, waited=False)]) == []  # --quick does not wait for it
+
+
+def test_memory_notes_give_each_loaders_pss_and_a_variant_against_the_workers_row() -> None:
+    def held(mib: int) -> Measurement:
+        return dataclasses.replace(_fake(1.0), tree_pss_bytes=mib * 2**20)
+
+    workers = Row("remote", "8 workers", "throughput",
+                  {"conveyor": [held(400), held(420)], "torch": [held(500)]})  # fmt: skip
+    threads = Row("remote", "64 thread workers", "variant", {"conveyor": [held(100)]})
+    notes = benchmark_notes._memory_notes
+    assert notes(workers, workers) == [
+        "memory (PSS of this process and its workers): conveyor 410 MiB, torch 500 MiB"
+    ]
+    assert notes(threads, workers) == [
+        "memory (PSS of this process and its workers): conveyor 100 MiB (0.24x the workers row's)"
+    ]
+    assert notes(Row("tiny", "2 workers", "throughput", {"conveyor": [_fake(1.0)]}), None) == []
+
+
+def test_a_variant_of_processes_of_threads_is_held_to_the_ideal_of_all_its_threads() -> None:
+    remote = WORKLOADS["remote"]
+    row = Row("remote", "4 processes x 16 threads", "variant", {"conveyor": [_fake(1.0)]})
+    assert benchmark_notes._worker_count(remote, row) == 64
 
 
 def test_report_renders_rows_ratios_and_failures() -> None:
@@ -424,6 +450,18 @@ def test_measure_training_times_the_loop_and_its_waits_for_data() -> None:
     assert (result.batches, result.samples, result.leaked_processes) == (3, 12, 0)
     assert 0 < result.waited_s < result.seconds  # three 1 ms steps are in the window too
     assert (result.copy_s, result.copied_bytes, result.copy_bytes_per_s) == (0.0, 0, None)
+    assert result.step_ms is not None and result.step_ms >= 1.0
+
+
+def test_a_step_holding_the_gil_spins_instead_of_sleeping() -> None:
+    window = WindowSpec(warmup=1, min_batches=2, max_batches=2, seconds=0.0)
+    loader = lambda: PlainLoop(TinyDataset(40), 4)  # noqa: E731
+    iterations = calibrate_spin(0.02)  # a 20 ms step of Python
+    spun = measure_training(loader, window, step_s=0.02, spin_iterations=iterations)
+    slept = measure_training(loader, window, step_s=0.02)
+    assert spun.step_ms is not None and slept.step_ms is not None and slept.step_ms >= 20
+    # The window's CPU: two spun steps of about 20 ms each; asleep, next to none.
+    assert spun.main_cpu_s - slept.main_cpu_s > 0.02
 
 
 def test_the_copy_to_the_accelerator_moves_every_tensor_then_waits(

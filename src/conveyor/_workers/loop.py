@@ -118,6 +118,7 @@ def worker_main(
     shells[0].run(own_objects(objects), owns_process=False)
     for thread in threads:
         thread.join()
+    close_per_worker_resources(everyone=True)  # what threads of the dataset's own opened
 
 
 class _CoreShell:
