@@ -226,6 +226,7 @@ def _where(stage: str) -> str:
 # --- which cells run ------------------------------------------------------------
 
 EXPENSIVE_METHODS = ("forkserver", "spawn")
+SLOW = (pytest.mark.slow,)
 
 
 def _deadly_cells(*, repeated: bool = False) -> list[Any]:
@@ -437,7 +438,11 @@ def test_hang_without_restart_times_out(stage: str) -> None:
 def _decode_crash_cells() -> list[Any]:
     cells = [("fork", how) for how in ("SIGKILL", "SIGSEGV", "exit3")]
     cells += [(m, "SIGKILL") for m in EXPENSIVE_METHODS]
-    return [pytest.param(m, how, id=f"{m}-{how}-decode") for m, how in cells]
+    # The default run keeps a crash of its own (SIGSEGV); the rest run with -m slow.
+    return [
+        pytest.param(m, how, id=f"{m}-{how}-decode", marks=() if how == "SIGSEGV" else SLOW)
+        for m, how in cells
+    ]
 
 
 @pytest.mark.parametrize(("start_method", "how"), _decode_crash_cells())

@@ -493,6 +493,7 @@ def test_timeout_error_names_worker_batch_stage_and_stack() -> None:
     assert "in hangs_on_3" in message
 
 
+@pytest.mark.slow  # waits out a timeout twice (about 3.5 s)
 def test_sample_that_hangs_every_time_is_skipped_under_restart(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -107,7 +107,7 @@ def test_a_stuck_thread_is_killed_with_its_process_and_its_siblings_work_resent(
     start_method: str, tmp_path: Path
 ) -> None:
     dataset = FailsAt("hang", once_marker=str(tmp_path / "hung"))
-    samples, said = _run(dataset, start_method, timeout=2, on_timeout="restart")
+    samples, said = _run(dataset, start_method, timeout=1, on_timeout="restart")
     assert samples == list(range(N))
     assert len(said) == 1, said
     assert f"batch {BAD}" in said[0] and "ran as threads of the same process" in said[0]
@@ -115,7 +115,7 @@ def test_a_stuck_thread_is_killed_with_its_process_and_its_siblings_work_resent(
 
 def test_a_stuck_threads_timeout_shows_that_threads_stack_alone(start_method: str) -> None:
     loader = DataLoader(
-        FailsAt("hang"), batch_size=1, num_workers=1, threads_per_worker=3, timeout=2,
+        FailsAt("hang"), batch_size=1, num_workers=1, threads_per_worker=3, timeout=1,
         multiprocessing_context=start_method,
     )  # fmt: skip
     with pytest.raises(WorkerTimeoutError) as caught:

@@ -762,6 +762,7 @@ def test_epochs(case: Case) -> None:
     check_parity(case)
 
 
+@pytest.mark.slow  # spawned workers import torch (about 3 s)
 def test_lambda_collate_under_spawn() -> None:
     """torch cannot pickle a lambda for spawn workers; conveyor can, and matches fork."""
 

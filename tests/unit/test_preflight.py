@@ -673,6 +673,7 @@ def test_check_arguments(binary_file: Any) -> None:
     assert conveyor.check is check
 
 
+@pytest.mark.slow  # a Python process of its own (about 3 s)
 def test_check_does_not_fix_the_default_start_method() -> None:
     # multiprocessing.get_context() would: a later set_start_method() then raises.
     code = (

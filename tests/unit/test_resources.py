@@ -259,6 +259,7 @@ def test_a_forked_child_opens_its_own_and_leaves_the_parents_alone():
     r.close()
 
 
+@pytest.mark.slow  # a Python process of its own, with workers (about 3.5 s)
 def test_closed_at_main_process_exit(tmp_path):
     code = textwrap.dedent(
         f"""
