@@ -246,19 +246,21 @@ def test_auto_rows_say_how_long_the_count_took_to_settle() -> None:
     assert notes([settled(None, waited=False)]) == []  # --quick does not wait for it
 
 
-def test_memory_notes_give_each_loaders_pss_and_a_variant_against_the_workers_row() -> None:
-    def held(mib: int) -> Measurement:
-        return dataclasses.replace(_fake(1.0), tree_pss_bytes=mib * 2**20)
+def test_memory_notes_give_what_each_loader_added_and_where() -> None:
+    def held(mib: int, in_workers: int) -> Measurement:
+        mem = {"loader_pss_bytes": mib * 2**20, "workers_pss_bytes": in_workers * 2**20}
+        return dataclasses.replace(_fake(1.0), **mem)
 
     workers = Row("remote", "8 workers", "throughput",
-                  {"conveyor": [held(400), held(420)], "torch": [held(500)]})  # fmt: skip
-    threads = Row("remote", "64 thread workers", "variant", {"conveyor": [held(100)]})
+                  {"conveyor": [held(80, 70), held(90, 80)], "torch": [held(100, 90)]})  # fmt: skip
+    threads = Row("remote", "64 thread workers", "variant", {"conveyor": [held(17, 0)]})
     notes = benchmark_notes._memory_notes
     assert notes(workers, workers) == [
-        "memory (PSS of this process and its workers): conveyor 410 MiB, torch 500 MiB"
+        "memory the loader added (PSS): conveyor 85 MiB (in 75 MiB of worker processes), "
+        "torch 100 MiB (in 90 MiB of worker processes)"
     ]
     assert notes(threads, workers) == [
-        "memory (PSS of this process and its workers): conveyor 100 MiB (0.24x the workers row's)"
+        "memory the loader added (PSS): conveyor 17 MiB (no process); 0.20x the workers row's"
     ]
     assert notes(Row("tiny", "2 workers", "throughput", {"conveyor": [_fake(1.0)]}), None) == []
 

@@ -27,10 +27,10 @@ except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
 from conveyor.benchmark.processes import (
+    TreePss,
     TreeUsage,
     count_leftovers,
     descendants,
-    tree_pss,
     tree_rss,
 )
 from conveyor.benchmark.specs import WindowSpec
@@ -69,7 +69,10 @@ class Measurement:
     settled_after_s: float | None = None
     settled_workers: int | None = None
     waited_to_settle: bool = False
-    tree_pss_bytes: int | None = None  # this process and its workers, at the window's end
+    # The memory the loader added by the window's end (PSS): this process's growth since
+    # before the loader was made, and its workers'.
+    loader_pss_bytes: int | None = None
+    workers_pss_bytes: int | None = None
     step_ms: float | None = None  # train: a training step's mean time in the window
 
     @property
@@ -258,6 +261,7 @@ def _time_window(
     settle: bool = False,
 ) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
+    before_loader = TreePss.read() if window.measure_memory else None
     loader = make_loader()
     it = iter(loader)
     for _ in range(window.warmup):
@@ -303,7 +307,7 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
-    pss = tree_pss() if window.measure_memory else None
+    added = _pss_added(before_loader) if before_loader is not None else None
     result = Measurement(
         batches,
         samples,
@@ -318,7 +322,8 @@ def _time_window(
         settled_after_s=settled,
         settled_workers=settled_workers,
         waited_to_settle=settle,
-        tree_pss_bytes=pss,
+        loader_pss_bytes=added[0] if added else None,
+        workers_pss_bytes=added[1] if added else None,
         step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
     )
     if train is None:
@@ -392,6 +397,14 @@ def _settle(
             if stats.settled_after_s is not None:
                 return float(stats.settled_after_s), stats.auto_workers
     return None, None
+
+
+def _pss_added(before: TreePss) -> tuple[int, int] | None:
+    """The memory a loader added since ``before`` (PSS): in all, and in its workers."""
+    now = TreePss.read()
+    if now is None:
+        return None
+    return now.own - before.own + now.workers, now.workers
 
 
 def measure_throughput(

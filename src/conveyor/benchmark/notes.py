@@ -113,23 +113,30 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
         row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
 
 
-def _pss(row: Row, loader: str) -> float | None:
-    """The median memory (PSS, MiB) of a row's runs for ``loader``; None if unread."""
-    values = [m.tree_pss_bytes for m in row.runs.get(loader, []) if m.tree_pss_bytes]
+def _pss(row: Row, loader: str, figure: str = "loader_pss_bytes") -> float | None:
+    """The median of a memory figure (MiB) of a row's runs for ``loader``; None if unread."""
+    values = [v for m in row.runs.get(loader, []) if (v := getattr(m, figure)) is not None]
     return statistics.median(values) / 2**20 if values else None
 
 
 def _memory_notes(row: Row, workers: Row | None) -> list[str]:
-    """What each loader's processes held at the window's end: this process and its
-    workers, as PSS (a page shared by several counted once)."""
-    held = {name: mib for name in ALL if (mib := _pss(row, name)) is not None}
-    if not held:
+    """The memory each loader added by the window's end, as PSS (a page shared by
+    several processes counted once): this process's growth and its workers'."""
+    parts = []
+    for name in ALL:
+        added = _pss(row, name)
+        if added is None:
+            continue
+        in_workers = _pss(row, name, "workers_pss_bytes") or 0.0
+        where = f"in {in_workers:,.0f} MiB of worker processes" if in_workers else "no process"
+        parts.append(f"{name} {added:,.0f} MiB ({where})")
+    if not parts:
         return []
-    text = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in held.items())
-    mine, theirs = held.get("conveyor"), _pss(workers, "conveyor") if workers else None
+    text = ", ".join(parts)
+    mine, theirs = _pss(row, "conveyor"), _pss(workers, "conveyor") if workers else None
     if row.kind == "variant" and mine and theirs:
-        text += f" ({mine / theirs:.2f}x the workers row's)"
-    return [f"memory (PSS of this process and its workers): {text}"]
+        text += f"; {mine / theirs:.2f}x the workers row's"
+    return [f"memory the loader added (PSS): {text}"]
 
 
 def _settle_notes(runs: list[Measurement]) -> list[str]:

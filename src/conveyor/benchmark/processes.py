@@ -84,19 +84,31 @@ def tree_rss() -> int:
     return total
 
 
-def tree_pss() -> int | None:
-    """This process's memory and its workers' (multiprocessing's helpers left out), as
-    PSS: pages shared by several processes (a forked dataset) are counted once, split
-    among them, so the sum is what the tree really holds. None where it cannot be read."""
-    total = 0
-    for proc in _process_tree():
-        if proc.pid != os.getpid() and _is_helper(proc):
-            continue
-        try:
-            total += proc.memory_full_info().pss
-        except (psutil.Error, AttributeError):
-            return None
-    return total
+@dataclass(frozen=True)
+class TreePss:
+    """Memory held as PSS: pages shared by several processes (a forked dataset) are
+    counted once, split among them, so sums are what the processes really hold."""
+
+    own: int  # this process (thread workers live here)
+    workers: int  # its descendants, multiprocessing's helpers left out
+
+    @staticmethod
+    def read() -> TreePss | None:
+        """Now; None where it cannot be read."""
+        own = workers = 0
+        for proc in _process_tree():
+            mine = proc.pid == os.getpid()
+            if not mine and _is_helper(proc):
+                continue
+            try:
+                pss = int(proc.memory_full_info().pss)
+            except (psutil.Error, AttributeError):
+                return None
+            if mine:
+                own = pss
+            else:
+                workers += pss
+        return TreePss(own, workers)
 
 
 def _is_helper(proc: psutil.Process) -> bool:
