@@ -256,11 +256,12 @@ def test_memory_notes_give_what_each_loader_added_and_where() -> None:
     threads = Row("remote", "64 thread workers", "variant", {"conveyor": [held(17, 0)]})
     notes = benchmark_notes._memory_notes
     assert notes(workers, workers) == [
-        "memory the loader added (PSS): conveyor 85 MiB (in 75 MiB of worker processes), "
-        "torch 100 MiB (in 90 MiB of worker processes)"
+        "memory the loader added (PSS, shared pages split): conveyor 85 MiB (workers 75, "
+        "this process +10), torch 100 MiB (workers 90, this process +10)"
     ]
     assert notes(threads, workers) == [
-        "memory the loader added (PSS): conveyor 17 MiB (no process); 0.20x the workers row's"
+        "memory the loader added (PSS, shared pages split): conveyor 17 MiB (all in this "
+        "process); 0.20x the workers row's"
     ]
     assert notes(Row("tiny", "2 workers", "throughput", {"conveyor": [_fake(1.0)]}), None) == []
 

@@ -128,7 +128,11 @@ def _memory_notes(row: Row, workers: Row | None) -> list[str]:
         if added is None:
             continue
         in_workers = _pss(row, name, "workers_pss_bytes") or 0.0
-        where = f"in {in_workers:,.0f} MiB of worker processes" if in_workers else "no process"
+        where = (
+            f"workers {in_workers:,.0f}, this process {added - in_workers:+,.0f}"
+            if in_workers
+            else "all in this process"
+        )
         parts.append(f"{name} {added:,.0f} MiB ({where})")
     if not parts:
         return []
@@ -136,7 +140,9 @@ def _memory_notes(row: Row, workers: Row | None) -> list[str]:
     mine, theirs = _pss(row, "conveyor"), _pss(workers, "conveyor") if workers else None
     if row.kind == "variant" and mine and theirs:
         text += f"; {mine / theirs:.2f}x the workers row's"
-    return [f"memory the loader added (PSS): {text}"]
+    # A forked worker shares its parent's pages: PSS splits them, so this process's own
+    # figure falls as its workers' rises; the sum is what the loader cost.
+    return [f"memory the loader added (PSS, shared pages split): {text}"]
 
 
 def _settle_notes(runs: list[Measurement]) -> list[str]:
