@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,15 @@ _FORKSERVER_SLOW = frozenset({
     "test_round_trip.py", "test_torch_parity.py",
 })  # fmt: skip
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C raises KeyboardInterrupt here and in every child the tests start, as in a
+    terminal: a shell without job control (CI's background lanes) starts its jobs with
+    SIGINT ignored, which children would inherit, and the tests that send a real SIGINT
+    would then wait forever for it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -67,7 +67,7 @@ def _run(dataset: Any, start_method: str, **kwargs: Any) -> tuple[list[int], lis
     loader = DataLoader(dataset, **options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", WorkerRestartedWarning)
-        samples = [int(batch) for batch in loader]
+        samples = [i for batch in loader for i in batch.tolist()]
     said = [str(w.message) for w in caught if issubclass(w.category, WorkerRestartedWarning)]
     return samples, said
 
@@ -97,7 +97,7 @@ def test_a_sample_that_segfaults_every_time_is_proven_and_left_out_under_skip(
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", WorkerRestartedWarning)
-        samples = [int(batch) for batch in loader]
+        samples = [i for batch in loader for i in batch.tolist()]
     assert samples == [i for i in range(N) if i != BAD]
     (skipped,) = loader.skipped_samples
     assert (skipped.index, skipped.stage) == (BAD, "crash")

@@ -100,8 +100,9 @@ def test_each_process_seeds_its_shared_generators_differently() -> None:
     its first worker's: two processes do not draw alike (their threads together cannot
     draw reproducibly: the docs point to get_worker_info().rng)."""
     drawn: dict[int, set[float]] = {}
-    for pid, draw in _loader(GlobalDraws(), batch_size=1):
-        drawn.setdefault(int(pid), set()).add(float(draw))
+    for pids, draws in _loader(GlobalDraws()):
+        for pid, draw in zip(pids.tolist(), draws.tolist(), strict=True):
+            drawn.setdefault(pid, set()).add(draw)
     assert len(drawn) == PROCESSES and os.getpid() not in drawn
     one, other = drawn.values()
     assert not one & other  # forked alike and left unseeded, they would draw the same
