@@ -27,6 +27,13 @@ pytestmark = pytest.mark.timeout(90)
 N, BAD = 18, 7
 
 
+def _timeout(start_method: str) -> float:
+    """A timeout a stuck sample reaches soon, but a starting worker does not: one started
+    by spawn or forkserver imports its modules afresh (seconds, on a busy machine), and
+    its start-up counts against ``timeout`` too."""
+    return 1 if start_method == "fork" else 10
+
+
 class FailsAt:
     """Sample ``i`` is ``i``; ``dataset[BAD]`` fails ``how``: the first time only when
     ``once_marker`` is a path (the file says it happened), else every time."""
@@ -107,7 +114,9 @@ def test_a_stuck_thread_is_killed_with_its_process_and_its_siblings_work_resent(
     start_method: str, tmp_path: Path
 ) -> None:
     dataset = FailsAt("hang", once_marker=str(tmp_path / "hung"))
-    samples, said = _run(dataset, start_method, timeout=1, on_timeout="restart")
+    samples, said = _run(
+        dataset, start_method, timeout=_timeout(start_method), on_timeout="restart"
+    )
     assert samples == list(range(N))
     assert len(said) == 1, said
     assert f"batch {BAD}" in said[0] and "ran as threads of the same process" in said[0]
@@ -115,7 +124,8 @@ def test_a_stuck_thread_is_killed_with_its_process_and_its_siblings_work_resent(
 
 def test_a_stuck_threads_timeout_shows_that_threads_stack_alone(start_method: str) -> None:
     loader = DataLoader(
-        FailsAt("hang"), batch_size=1, num_workers=1, threads_per_worker=3, timeout=1,
+        FailsAt("hang"), batch_size=1, num_workers=1, threads_per_worker=3,
+        timeout=_timeout(start_method),
         multiprocessing_context=start_method,
     )  # fmt: skip
     with pytest.raises(WorkerTimeoutError) as caught:
