@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,13 @@ def _drain(loader: DataLoader, step: Any = None) -> None:
             step()
 
 
-def _run(loader: DataLoader, step: Any = None) -> Any:
-    """The verdict on the loader's last epoch: its second with persistent workers, whose
-    start is then no part of it (on a loaded machine a fork can take a tenth of a short
-    epoch)."""
+def _run(make: Callable[[], DataLoader], step: Any = None) -> Any:
+    """The verdict on the last epoch of the loader ``make`` builds: its second with
+    persistent workers, whose start is then no part of it (on a loaded machine a fork
+    can take a tenth of a short epoch). Built here, so that it is gone (its workers
+    too) when this returns: no caller's frame holds it."""
     with no_leaks():
+        loader = make()
         for _ in range(2 if loader.persistent_workers else 1):
             _drain(loader, step)
         verdict = loader.diagnose()
@@ -126,14 +129,19 @@ CASES = [
 
 @pytest.mark.parametrize(("options", "step", "cause"), CASES)
 def test_the_verdict_names_the_bottleneck(options: dict[str, Any], step: Any, cause: Cause) -> None:
-    verdict = _run(DataLoader(batch_size=4, multiprocessing_context="fork", **options), step)
+    def loader() -> DataLoader:
+        return DataLoader(batch_size=4, multiprocessing_context="fork", **options)
+
+    verdict = _run(loader, step)
     assert verdict.cause is cause, verdict.text
 
 
 def test_the_verdict_for_thread_workers_that_wait() -> None:
-    loader = DataLoader(
-        Samples(fetch=lambda i: _wait()), batch_size=4, num_workers=2, worker_method="thread"
-    )
+    def loader() -> DataLoader:
+        return DataLoader(
+            Samples(fetch=lambda i: _wait()), batch_size=4, num_workers=2, worker_method="thread"
+        )
+
     assert _run(loader).cause is Cause.WAITING
 
 
