@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 import conveyor._workers.heap as heap
-from conveyor.benchmark import BenchOptions, render, run_benchmark
+from conveyor_bench import BenchOptions, render, run_benchmark
 
 
 def no_mallopt() -> None:

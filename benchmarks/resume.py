@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from conveyor import DataLoader
-from conveyor.benchmark.measure import WindowSpec, measure_throughput, touch
-from conveyor.benchmark.workloads import ImageDataset, TinyDataset
+from conveyor_bench.measure import WindowSpec, measure_throughput, touch
+from conveyor_bench.workloads import ImageDataset, TinyDataset
 
 
 class StatefulTiny(TinyDataset):

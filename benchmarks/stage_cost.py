@@ -17,9 +17,9 @@ from typing import Any
 
 from conveyor import DataLoader
 from conveyor._iter import tally
-from conveyor.benchmark.measure import WindowSpec, measure_throughput
-from conveyor.benchmark.workloads import ImageDataset, TinyDataset
 from conveyor.observe import timings
+from conveyor_bench.measure import WindowSpec, measure_throughput
+from conveyor_bench.workloads import ImageDataset, TinyDataset
 
 
 @contextlib.contextmanager

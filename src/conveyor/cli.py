@@ -1,11 +1,41 @@
-"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput),
-``doctor`` (check and measure a dataset, and say what to change) and ``trace-plot``
-(draw a trace written by ``loader.trace(PATH)``)."""
+"""The ``conveyor`` command. Subcommands: ``bench`` (conveyor vs torch throughput, from a
+clone of the repository), ``doctor`` (check and measure a dataset, and say what to change)
+and ``trace-plot`` (draw a trace written by ``loader.trace(PATH)``)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+# The benchmark harness is not part of the package: it lives in the repository's
+# benchmarks/ folder, beside the clone an editable install (pip install -e .) points at.
+_CLONE_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+_NO_HARNESS = (
+    "conveyor bench: the benchmark harness is not installed with the package; it runs from "
+    "a clone of conveyor's repository. Fix: clone it, then `pip install -e .` there and run "
+    "`conveyor bench` (or `python benchmarks/run.py`)."
+)
+
+
+def _bench_harness() -> ModuleType | None:
+    """``conveyor_bench.command`` from sys.path or from the clone this conveyor was
+    installed from; None when there is neither."""
+    if importlib.util.find_spec("conveyor_bench") is None:
+        if not (_CLONE_BENCHMARKS / "conveyor_bench").is_dir():
+            return None
+        # Spawned workers inherit sys.path, so they import the workloads from there too.
+        sys.path.insert(0, str(_CLONE_BENCHMARKS))
+    return importlib.import_module("conveyor_bench.command")
+
+
+def _no_harness(args: argparse.Namespace) -> int:
+    print(_NO_HARNESS, file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,10 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark conveyor against torch.utils.data.DataLoader",
         description="Run conveyor and torch side by side; print a Markdown table.",
     )
-    from conveyor.benchmark.command import add_arguments, run
-
-    add_arguments(bench)
-    bench.set_defaults(handler=run)
+    harness = _bench_harness()
+    if harness is not None:
+        harness.add_arguments(bench)
+        bench.set_defaults(handler=harness.run)
+    else:
+        bench.set_defaults(handler=_no_harness)  # whatever its options: see main()
 
     doctor = commands.add_parser(
         "doctor",
@@ -48,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.handler is not _no_harness:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     code: int = args.handler(args)
     return code
 

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conveyor.benchmark import BenchOptions, run_benchmark
-from conveyor.benchmark.alternatives import LOADERS
-from conveyor.benchmark.workloads import FreshImageDataset, TinyDataset
+from conveyor_bench import BenchOptions, run_benchmark
+from conveyor_bench.alternatives import LOADERS
+from conveyor_bench.workloads import FreshImageDataset, TinyDataset
 from tests.helpers.leaks import no_leaks
 
 pytestmark = [pytest.mark.torch]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from conveyor.benchmark import WORKLOADS
-from conveyor.benchmark.workloads import BigDataset, FreshImageDataset, TextDataset
+from conveyor_bench import WORKLOADS
+from conveyor_bench.workloads import BigDataset, FreshImageDataset, TextDataset
 
 from .test_torch_parity import Case, check_parity
 
@@ -22,8 +22,8 @@ pytestmark = [
 
 
 def _decode() -> Any:
-    imaging = pytest.importorskip("conveyor.benchmark.imaging")
-    from conveyor.benchmark.workloads import DecodeDataset
+    imaging = pytest.importorskip("conveyor_bench.imaging")
+    from conveyor_bench.workloads import DecodeDataset
 
     return DecodeDataset(12, imaging.make_jpegs(5, (80, 60)))
 

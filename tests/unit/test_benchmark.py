@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conveyor.benchmark import (
+from conveyor import cli
+from conveyor.cli import main
+from conveyor_bench import (
     WORKLOADS,
     BenchOptions,
     BenchReport,
@@ -28,8 +30,8 @@ from conveyor.benchmark import (
     specs,
     workloads,
 )
-from conveyor.benchmark import notes as benchmark_notes
-from conveyor.benchmark.measure import (
+from conveyor_bench import notes as benchmark_notes
+from conveyor_bench.measure import (
     Accelerator,
     PlainLoop,
     WindowSpec,
@@ -38,9 +40,9 @@ from conveyor.benchmark.measure import (
     measure_training,
     touch,
 )
-from conveyor.benchmark.plot import MatplotlibMissingError, plot_report
-from conveyor.benchmark.report import to_json
-from conveyor.benchmark.workloads import (
+from conveyor_bench.plot import MatplotlibMissingError, plot_report
+from conveyor_bench.report import to_json
+from conveyor_bench.workloads import (
     CpuDataset,
     ImageDataset,
     MapDataset,
@@ -50,7 +52,6 @@ from conveyor.benchmark.workloads import (
     calibrate_spin,
     hand_collate,
 )
-from conveyor.cli import main
 
 # --- workloads -------------------------------------------------------------------------------
 
@@ -344,7 +345,7 @@ def test_cli_plot_without_matplotlib_fails_before_running(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     ran: list[BenchOptions] = []
-    monkeypatch.setattr("conveyor.benchmark.command.run_benchmark", ran.append)
+    monkeypatch.setattr("conveyor_bench.command.run_benchmark", ran.append)
     assert main(["bench", "--quick", "--plot", str(tmp_path / "bench.png")]) == 2
     assert ran == []
     assert "pip install matplotlib" in capsys.readouterr().err
@@ -362,6 +363,33 @@ def test_cli_rejects_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> 
         main(["bench", "--workloads", "tiny,nope"])
     assert exit_info.value.code == 2
     assert "choose from tiny, image" in capsys.readouterr().err
+
+
+def _harness_off_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in an environment with conveyor installed but benchmarks/ not on sys.path."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).name != "benchmarks"])
+    for name in [n for n in sys.modules if n.split(".")[0] == "conveyor_bench"]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_cli_finds_the_harness_in_the_clone_conveyor_is_installed_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _harness_off_path(monkeypatch)
+    harness = cli._bench_harness()
+    assert harness is not None
+    assert Path(harness.__file__).parent.parent == cli._CLONE_BENCHMARKS
+
+
+def test_cli_without_a_clone_says_where_the_benchmark_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _harness_off_path(monkeypatch)
+    monkeypatch.setattr(cli, "_CLONE_BENCHMARKS", tmp_path / "benchmarks")
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "runs from a clone of conveyor's repository" in err
+    assert "pip install -e ." in err
 
 
 # --- end to end ------------------------------------------------------------------------------
@@ -497,8 +525,8 @@ def test_train_row_says_how_long_each_loader_kept_the_loop_waiting() -> None:
 def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() -> None:
     from tests.helpers.leaks import no_leaks
 
-    from conveyor.benchmark.reference import SharedMemoryLoop
-    from conveyor.benchmark.workloads import TinyDataset
+    from conveyor_bench.reference import SharedMemoryLoop
+    from conveyor_bench.workloads import TinyDataset
 
     dataset = TinyDataset(10 * 8 + 3)  # a partial last batch is dropped
     with no_leaks():

@@ -16,23 +16,23 @@ import time
 import numpy as np
 import pytest
 
-from conveyor.benchmark import BenchOptions, Measurement, Row, render, runner
-from conveyor.benchmark.machine import machine_check
-from conveyor.benchmark.measure import PlainLoop
-from conveyor.benchmark.notes import against, annotate
-from conveyor.benchmark.processes import TreeUsage
-from conveyor.benchmark.report import to_json
-from conveyor.benchmark.rows import NOT_INSTALLED
-from conveyor.benchmark.runner import BenchReport
-from conveyor.benchmark.specs import WORKLOADS
-from conveyor.benchmark.workloads import (
+from conveyor.cli import main
+from conveyor_bench import BenchOptions, Measurement, Row, render, runner
+from conveyor_bench.machine import machine_check
+from conveyor_bench.measure import PlainLoop
+from conveyor_bench.notes import against, annotate
+from conveyor_bench.processes import TreeUsage
+from conveyor_bench.report import to_json
+from conveyor_bench.rows import NOT_INSTALLED
+from conveyor_bench.runner import BenchReport
+from conveyor_bench.specs import WORKLOADS
+from conveyor_bench.workloads import (
     BIG_MIB,
     BigDataset,
     FreshImageDataset,
     TextDataset,
     pad_collate,
 )
-from conveyor.cli import main
 
 # --- the workloads' samples ------------------------------------------------------------------
 
@@ -73,8 +73,8 @@ def test_big_batches_are_64_to_160_mib_and_differ() -> None:
 
 
 def test_decode_crops_like_torchvision_reproducibly() -> None:
-    imaging = pytest.importorskip("conveyor.benchmark.imaging")
-    from conveyor.benchmark.workloads import DecodeDataset
+    imaging = pytest.importorskip("conveyor_bench.imaging")
+    from conveyor_bench.workloads import DecodeDataset
 
     jpegs = imaging.make_jpegs(3, (120, 90))
     assert len(set(jpegs)) == 3 and all(j.startswith(b"\xff\xd8") for j in jpegs)
@@ -92,11 +92,11 @@ def test_decode_crops_like_torchvision_reproducibly() -> None:
 
 
 def test_decode_without_pillow_fails_its_row_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import conveyor.benchmark
+    import conveyor_bench
 
     monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL fails
-    monkeypatch.delitem(sys.modules, "conveyor.benchmark.imaging", raising=False)
-    monkeypatch.delattr(conveyor.benchmark, "imaging", raising=False)
+    monkeypatch.delitem(sys.modules, "conveyor_bench.imaging", raising=False)
+    monkeypatch.delattr(conveyor_bench, "imaging", raising=False)
     options = BenchOptions(workloads=("decode",), quick=True)
     [row] = runner.run_benchmark(options, progress=None).rows  # returns: the run goes on
     assert row.workload == "decode" and not row.runs
@@ -166,7 +166,7 @@ def _run(samples_per_s: float, main_cpu_s: float = 0.0, workers_cpu_s: float = 0
 
 
 def _decode_rows() -> list[Row]:
-    from conveyor.benchmark.machine import MachineCheck
+    from conveyor_bench.machine import MachineCheck
 
     plain = Row("decode", "single process, plain loop", "baseline", {"plain": [_run(100, 1.0)]})
     plain.machine = MachineCheck(2, 1.2, 100.0, 150.0, 5)

@@ -26,15 +26,15 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
-from conveyor.benchmark.processes import (
+from conveyor_bench.processes import (
     TreePss,
     TreeUsage,
     count_leftovers,
     descendants,
     tree_rss,
 )
-from conveyor.benchmark.specs import WindowSpec
-from conveyor.benchmark.workloads import MapDataset, hand_collate, spin
+from conveyor_bench.specs import WindowSpec
+from conveyor_bench.workloads import MapDataset, hand_collate, spin
 
 LoaderFactory = Callable[[], Iterable[Any]]
 Collate = Callable[[Any], Any]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.benchmark.workloads import MapDataset
+from conveyor_bench.workloads import MapDataset
 
 _SLOTS = 4  # per worker: as deep as conveyor's default prefetch, plus the batch held
 _LABEL = np.dtype(np.int64)

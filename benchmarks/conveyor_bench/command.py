@@ -7,12 +7,11 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 
-from conveyor.benchmark.plot import MatplotlibMissingError, plot_report, require_matplotlib
-from conveyor.benchmark.report import render, write_json
-from conveyor.benchmark.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
-from conveyor.benchmark.specs import DEFAULT_WORKLOADS, QUICK_WORKLOADS, WORKLOADS
-
-from .._argtypes import positive_int
+from conveyor._argtypes import positive_int
+from conveyor_bench.plot import MatplotlibMissingError, plot_report, require_matplotlib
+from conveyor_bench.report import render, write_json
+from conveyor_bench.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
+from conveyor_bench.specs import DEFAULT_WORKLOADS, QUICK_WORKLOADS, WORKLOADS
 
 DEFAULT_ROUNDS = 3
 

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
-from conveyor.benchmark.measure import LoaderFactory, Measurement, _time_window
-from conveyor.benchmark.rows import Row
-from conveyor.benchmark.specs import WindowSpec, WorkloadSpec
-from conveyor.benchmark.workloads import ImageDataset
+from conveyor_bench.measure import LoaderFactory, Measurement, _time_window
+from conveyor_bench.rows import Row
+from conveyor_bench.specs import WindowSpec, WorkloadSpec
+from conveyor_bench.workloads import ImageDataset
 
 if TYPE_CHECKING:
-    from conveyor.benchmark.runner import BenchOptions
+    from conveyor_bench.runner import BenchOptions
 
 LOADER = "conveyor"  # the column the rows' figures go in
 IMAGE_BATCH = 64  # 64 x 3x224x224 uint8: 9.6 MB

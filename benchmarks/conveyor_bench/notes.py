@@ -7,10 +7,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from conveyor.benchmark.machine import MachineCheck
-from conveyor.benchmark.measure import SETTLE_LIMIT_S, Measurement
-from conveyor.benchmark.rows import ALTERNATIVES, INLINE_CONFIG, LOADERS, PLAIN, REFERENCE, Row
-from conveyor.benchmark.specs import WorkloadSpec
+from conveyor_bench.machine import MachineCheck
+from conveyor_bench.measure import SETTLE_LIMIT_S, Measurement
+from conveyor_bench.rows import ALTERNATIVES, INLINE_CONFIG, LOADERS, PLAIN, REFERENCE, Row
+from conveyor_bench.specs import WorkloadSpec
 
 ALL = (*LOADERS, *ALTERNATIVES)
 

@@ -6,11 +6,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from conveyor.benchmark.machine import MachineCheck
-from conveyor.benchmark.measure import Measurement
+from conveyor_bench.machine import MachineCheck
+from conveyor_bench.measure import Measurement
 
 LOADERS = ("conveyor", "torch")
-ALTERNATIVES = ("spdl", "grain")  # optional columns (conveyor.benchmark.alternatives)
+ALTERNATIVES = ("spdl", "grain")  # optional columns (conveyor_bench.alternatives)
 PLAIN = "plain"
 REFERENCE = "reference"
 INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row

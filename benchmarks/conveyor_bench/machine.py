@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from conveyor.benchmark.measure import touch
+from conveyor_bench.measure import touch
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The datasets are defined at module top level so that they pickle by reference under the
 ``spawn`` and ``forkserver`` start methods, and this module imports only NumPy, so a spawned
 worker that unpickles one pays for nothing else (``decode`` imports Pillow, through
-:mod:`conveyor.benchmark.imaging`, at its first sample). Every sample is a ``(value, label)``
+:mod:`conveyor_bench.imaging`, at its first sample). Every sample is a ``(value, label)``
 tuple, except ``text``'s: a 1-D array of token ids, padded into a dict by ``pad_collate``.
 """
 
@@ -112,7 +112,7 @@ class DecodeDataset:
 
     def __getitem__(self, index: int) -> tuple[Array, int]:
         _check_index(index, self.length)
-        from conveyor.benchmark import imaging  # Pillow: imported by the first sample only
+        from conveyor_bench import imaging  # Pillow: imported by the first sample only
 
         return imaging.decode_crop_flip(self.jpegs[index % len(self.jpegs)]), index % 1000
 

@@ -16,7 +16,7 @@ from importlib import metadata
 from typing import Any
 
 from conveyor._torch import DEFER_ENV
-from conveyor.benchmark.workloads import MapDataset
+from conveyor_bench.workloads import MapDataset
 
 ALTERNATIVES = ("spdl", "grain")
 _DISTRIBUTIONS = {"spdl": "spdl", "grain": "grain"}

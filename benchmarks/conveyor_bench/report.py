@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.benchmark.rows import ALTERNATIVES, LOADERS, PLAIN, REFERENCE, Row
-from conveyor.benchmark.runner import BenchReport
+from conveyor_bench.rows import ALTERNATIVES, LOADERS, PLAIN, REFERENCE, Row
+from conveyor_bench.runner import BenchReport
 
 DASH = "-"
 UNITS = {"startup": "seconds", "epochs": "seconds per epoch"}

@@ -1,5 +1,5 @@
 """The ``decode`` workload's image work, with Pillow: making JPEGs, and decoding one into a
-training crop. Kept out of :mod:`conveyor.benchmark.workloads` so that module imports only
+training crop. Kept out of :mod:`conveyor_bench.workloads` so that module imports only
 NumPy, and a missing Pillow fails the ``decode`` row alone, saying how to install it.
 """
 

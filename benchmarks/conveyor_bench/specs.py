@@ -1,6 +1,6 @@
 """The benchmark's workloads: each one's dataset, loader settings, timed window, the rows it
 runs and the targets its figures are held to. The datasets are in
-:mod:`conveyor.benchmark.workloads`."""
+:mod:`conveyor_bench.workloads`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from conveyor.benchmark.workloads import (
+from conveyor_bench.workloads import (
     BigDataset,
     CpuDataset,
     DecodeDataset,
@@ -153,7 +153,7 @@ DECODE_IMAGES = 256  # different JPEGs of 500x375; --quick: 16 small ones, 160x1
 
 
 def _decode_dataset(length: int, quick: bool) -> DecodeDataset:
-    from conveyor.benchmark import imaging  # Pillow: an ImportError that says how to get it
+    from conveyor_bench import imaging  # Pillow: an ImportError that says how to get it
 
     if quick:
         return DecodeDataset(length, imaging.make_jpegs(16, (160, 120)))

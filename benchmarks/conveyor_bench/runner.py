@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TextIO
 
-from conveyor.benchmark import alternatives
-from conveyor.benchmark.machine import MachineCheck, machine_check
-from conveyor.benchmark.measure import (
+from conveyor_bench import alternatives
+from conveyor_bench.machine import MachineCheck, machine_check
+from conveyor_bench.measure import (
     Accelerator,
     LoaderFactory,
     Measurement,
@@ -34,9 +34,9 @@ from conveyor.benchmark.measure import (
     measure_throughput,
     measure_training,
 )
-from conveyor.benchmark.notes import annotate
-from conveyor.benchmark.reference import SharedMemoryLoop
-from conveyor.benchmark.rows import (
+from conveyor_bench.notes import annotate
+from conveyor_bench.reference import SharedMemoryLoop
+from conveyor_bench.rows import (
     ALTERNATIVES,
     INLINE_CONFIG,
     LOADERS,
@@ -47,8 +47,8 @@ from conveyor.benchmark.rows import (
     Row,
     RowKind,
 )
-from conveyor.benchmark.specs import DEFAULT_WORKLOADS, WORKLOADS, WorkloadSpec
-from conveyor.benchmark.workloads import MapDataset, Repeated, calibrate_spin
+from conveyor_bench.specs import DEFAULT_WORKLOADS, WORKLOADS, WorkloadSpec
+from conveyor_bench.workloads import MapDataset, Repeated, calibrate_spin
 
 __all__ = [
     "ALTERNATIVES",
@@ -415,7 +415,7 @@ def _run_remote(
     spec: WorkloadSpec, options: BenchOptions, loaders: _Loaders, progress: _Progress
 ) -> list[Row]:
     """The ``ray`` workload's rows (benchmark/remote.py), or one saying why it was skipped."""
-    from conveyor.benchmark import remote
+    from conveyor_bench import remote
 
     why = remote.skipped(options.stand_in_torch or "conveyor" not in loaders.classes)
     if why is not None:

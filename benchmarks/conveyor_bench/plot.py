@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.benchmark.rows import INLINE_CONFIG, REFERENCE, Row
-from conveyor.benchmark.runner import BenchReport
+from conveyor_bench.rows import INLINE_CONFIG, REFERENCE, Row
+from conveyor_bench.runner import BenchReport
 
 
 class MatplotlibMissingError(ImportError):
