@@ -3,10 +3,12 @@
 from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
 """
 
+from ._iter.elastic import merge_states
 from .collate import default_collate, default_convert, numpy_collate
 from .dataset import Dataset, IterableDataset
 from .diagnostics.findings import Finding, Report, Severity
 from .diagnostics.preflight import check
+from .distributed import DistributedSampler
 from .errors import (
     BatchesHeldWarning,
     ClusterCapacityWarning,
@@ -20,6 +22,7 @@ from .errors import (
     MissingDependencyError,
     PreflightWarning,
     SharedMemoryExhaustedError,
+    StateError,
     UnpicklableError,
     WorkerCrashedError,
     WorkerError,
@@ -55,6 +58,7 @@ __all__ = [
     "ConveyorWarning",
     "DataLoader",
     "Dataset",
+    "DistributedSampler",
     "DuplicateDataWarning",
     "Finding",
     "InFlightTask",
@@ -72,6 +76,7 @@ __all__ = [
     "SharedList",
     "SharedMemoryExhaustedError",
     "SkippedSample",
+    "StateError",
     "SubsetRandomSampler",
     "UnpicklableError",
     "WeightedRandomSampler",
@@ -87,6 +92,7 @@ __all__ = [
     "default_collate",
     "default_convert",
     "get_worker_info",
+    "merge_states",
     "numpy_collate",
     "per_worker",
 ]

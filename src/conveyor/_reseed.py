@@ -67,6 +67,7 @@ class Reseed:
     seq: int  # the batch's position
     first_sample: int  # the position of its first sample
     generators: Seedable = GLOBAL_GENERATORS
+    places: tuple[int, ...] = ()  # ranks sharding the epoch: each sample's place in it
 
     def before_batch(self, items: bool = False) -> None:
         """``items``: an iterable dataset, whose samples have no position of their own
@@ -76,12 +77,12 @@ class Reseed:
 
     def before_sample(self, offset: int) -> None:
         if self.mode == "sample":
-            position = self.first_sample + offset
+            position = self.places[offset] if self.places else self.first_sample + offset
             self.generators.seed(seed_for(self.base_seed, self.epoch, position, _SAMPLE))
 
     def before_collate(self) -> None:
         if self.mode == "sample":
-            position = self.first_sample
+            position = self.places[0] if self.places else self.first_sample
             self.generators.seed(seed_for(self.base_seed, self.epoch, position, _COLLATE))
 
 

@@ -12,6 +12,7 @@ import conveyor
 TORCH_NAMES = [
     "DataLoader", "get_worker_info", "default_collate", "default_convert", "SequentialSampler",
     "RandomSampler", "SubsetRandomSampler", "BatchSampler", "WeightedRandomSampler",
+    "DistributedSampler",
 ]  # fmt: skip
 
 
@@ -26,7 +27,9 @@ def test_torch_names_are_exported(name):
     assert name in conveyor.__all__
 
 
-@pytest.mark.parametrize("name", ["DataLoader", "RandomSampler", "BatchSampler"])
+@pytest.mark.parametrize(
+    "name", ["DataLoader", "RandomSampler", "BatchSampler", "DistributedSampler"]
+)
 def test_signatures_match_torch(name):
     torch_data = pytest.importorskip("torch.utils.data")
     ours = list(inspect.signature(getattr(conveyor, name)).parameters.values())

@@ -41,6 +41,7 @@ MESSAGES = [
     BatchDone(0, 8, None, (SampleFailed(3, Stage.FETCH, capture(KeyError("k"))),)),
     BatchDone(0, 9, SlotPayload(SLOT, b"m", ((0, 8),)), state=b"state"),
     Task(3, 4, list(range(1000, 1256)), (7,), consecutive=True),  # a sequential sampler's
+    Task(2, 8, [3, 9], (), first_sample=12, places=(101, 7)),  # a rank sharding the epoch
     Release((4, 5, 6)),
     Ready(1, 1234, b"state"),
     Stop(),
@@ -157,6 +158,7 @@ NON_DEFAULT: dict[str, object] = {
     "first_sample": 17,
     "want_state": True,
     "consecutive": True,
+    "places": (40, 7, 93),
     "seed": 42,
     "worker_id": 2,
     "pid": 1234,
@@ -211,7 +213,7 @@ def test_every_field_of_every_message_round_trips(kind: type) -> None:
 @pytest.mark.parametrize(
     ("kind", "frame_kind", "fields"),
     [
-        (Task, b"T", {f.name for f in dataclasses.fields(Task)} - {"exclude"}),
+        (Task, b"T", {f.name for f in dataclasses.fields(Task)} - {"exclude", "places"}),
         (
             BatchDone,
             b"B",

@@ -71,6 +71,7 @@ class Entry:
     cached_indices: tuple[Any, ...] | None = None
     first_sample: int = 0  # the position of its first sample in the epoch (reseed)
     want_state: bool = False  # the reply carries the dataset's state
+    places: tuple[int, ...] = ()  # ranks sharding the epoch: its samples' places (reseed)
 
     @property
     def indices(self) -> tuple[Any, ...]:
@@ -234,6 +235,7 @@ class TaskBook:
         first_sample: int = 0,
         want_state: bool = False,
         consecutive: bool = False,
+        places: tuple[int, ...] = (),
     ) -> Task | None:
         """Record the sampler's next output as a task for ``worker_id``; returns the
         message to send, or None when that position was handed out before the state
@@ -244,7 +246,7 @@ class TaskBook:
         if self._handed_out_before and seq in self._handed_out_before:
             return None
         entry = Entry(seq, worker_id, index, self.shape, now)
-        entry.first_sample, entry.want_state = first_sample, want_state
+        entry.first_sample, entry.want_state, entry.places = first_sample, want_state, places
         if self.skips.has_poison and self.shape != ITERABLE:
             entry.exclude, entry.left_out = self.skips.left_out_up_front(entry.indices, worker_id)
         self.tasks[seq] = entry
@@ -257,6 +259,7 @@ class TaskBook:
             first_sample=first_sample,
             want_state=want_state,
             consecutive=consecutive,
+            places=places,
         )
 
     def held(self, worker_id: int) -> list[int]:

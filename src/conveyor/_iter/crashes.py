@@ -364,6 +364,7 @@ class CrashJudge:
                 exclude=exclude,
                 first_sample=entry.first_sample,
                 want_state=entry.want_state,
+                places=entry.places,
             )
             if evidence is None or not evidence.probing:
                 rest.append(task)
@@ -388,6 +389,7 @@ class CrashJudge:
             index,
             trace=True,
             first_sample=entry.first_sample + position,
+            places=entry.places[position : position + 1],
         )
 
 

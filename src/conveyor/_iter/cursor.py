@@ -21,7 +21,10 @@ from typing import Any
 from ..config import LoaderConfig
 from ..sampling import BatchIterator
 from ..stateful import is_stateful, save_of
+from .elastic import RankPart
 from .rng import Streams
+from .sharding import find
+from .share import EpochShare
 
 END: Any = object()  # what ``next`` returns once the sampler is exhausted
 
@@ -31,7 +34,13 @@ class SamplerCursor:
         self._sampler = config.index_sampler
         self._auto_collation = config.auto_collation
         inner = getattr(config.batch_sampler, "sampler", None)
-        self.streams = Streams(config.generator, [config.index_sampler, inner, config.sampler])
+        sharding = find(config)
+        # Ranks that shard the epoch: what a state says of the whole epoch (see .sharding).
+        self.share = EpochShare(sharding) if sharding is not None else None
+        source = sharding.order_source if sharding is not None else None
+        self.streams = Streams(
+            config.generator, [config.index_sampler, inner, config.sampler, source]
+        )
         self._iter: Iterator[Any] = iter(())
         self._stateful = False
         self.drawn = 0  # outputs drawn this epoch: the next output's seq
@@ -55,6 +64,8 @@ class SamplerCursor:
         """A fresh epoch."""
         self._open()
         self._taken = False
+        if self.share is not None:
+            self.share.fresh()
 
     def reopen(self, main: dict[str, Any]) -> None:
         """Begin again the epoch ``main`` was taken in; then :meth:`restore_streams`
@@ -74,6 +85,18 @@ class SamplerCursor:
     def restore_streams(self) -> None:
         if self.rng_at_start:  # a state torchdata wrote has none: they stay as they are
             self.streams.restore(self.rng_at_start)
+
+    def deal_rest(self, part: RankPart, drawn: int, samples: int) -> None:
+        """Resumed from ``part``, a state of a run that sharded the epoch over ranks (maybe
+        another number of them): draw this rank's share of the rest of that epoch instead
+        of the sampler's (after :meth:`restore_streams`: an order drawn from a generator
+        is drawn again from where that epoch began). Its outputs take positions from
+        ``drawn`` on (``samples``: the samples before them), where the state's rank was."""
+        assert self.share is not None
+        with self._first_draw():  # a sampler that draws from torch's global RNG
+            self._iter = iter(self.share.resume(part, drawn, samples))
+        self._stateful = False
+        self.drawn, self.samples_drawn = drawn, samples
 
     def advance(self, main: dict[str, Any], drawn: int, samples: int | None) -> None:
         """Move past the ``drawn`` outputs already consumed: restore the sampler's own
@@ -134,6 +157,8 @@ class SamplerCursor:
         self.rng_at_start = self.streams.capture()
         self.global_at_start = self.streams.capture_global()
         self._taken = True
+        if self.share is not None:
+            self.share.first_draw()
 
     @contextlib.contextmanager
     def _first_draw(self) -> Iterator[None]:
@@ -165,6 +190,23 @@ class SamplerCursor:
 
     def samples_before(self, seq: int) -> int:
         return self._samples_before.get(seq, self.samples_drawn)
+
+    def places(self, seq: int) -> tuple[int, ...]:
+        """Where output ``seq``'s samples sit in the whole epoch's order, for ranks that
+        shard it (``reseed="sample"`` seeds by that: the same on any number of ranks)."""
+        if self.share is None or not self._auto_collation:
+            return ()
+        first = self.samples_before(seq)
+        return self.share.places(seq, first, self.samples_before(seq + 1) - first)
+
+    def ranks_part(self, prefix: int, beyond: tuple[int, ...]) -> dict[str, Any] | None:
+        """A state's ``ranks`` part (None when the loader does not shard over ranks), with
+        outputs below ``prefix`` and at ``beyond`` delivered."""
+        if self.share is None:
+            return None
+        at = self.samples_before
+        positions = [j for seq in beyond for j in range(at(seq), at(seq + 1))]
+        return self.share.part(at(prefix), positions)
 
     def forget_before(self, seq: int) -> None:
         """Outputs before ``seq`` are delivered: their saved states are not needed."""

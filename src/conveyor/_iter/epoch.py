@@ -12,6 +12,7 @@ were then (see :mod:`.cursor` and :mod:`.rng`).
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import warnings
 from collections.abc import Callable
@@ -20,10 +21,13 @@ from .. import _torch
 from .._dataset_state import WorkerState
 from .._workers.core import WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
+from ..distributed import process_group
+from ..errors import StateError
 from ..sampling import draw_base_seed
 from ..stateful import load_into
 from . import messages
 from .cursor import SamplerCursor
+from .elastic import RankPart, check_fits, read_part
 from .rng import replayed_draw
 from .run_ahead import SLOTS_BEYOND_PREFETCH
 from .state import ResumePoint
@@ -45,6 +49,8 @@ class EpochStart:
         if resume is not None:
             per_worker = config.iterable or config.dataset_keeps_state
             resume.check_workers(num_workers, per_worker=per_worker, why=per_worker_why(config))
+            if config.iterable:
+                _check_same_ranks(resume, config)
             history.skipped[:] = resume.skipped
             if resume.epoch is not None:
                 history.epochs_started = resume.epoch + (1 if resume.finished else 0)
@@ -55,6 +61,44 @@ class EpochStart:
         self.cursor = SamplerCursor(config)
         self._first_global: str | None = None
         self.base_seed = 0  # drawn by draw_base_seed
+        # Resumed mid-epoch from a run that sharded it over ranks: this rank's share of
+        # the rest of that epoch, dealt afresh (the world may have changed since).
+        self._rest_of: RankPart | None = None
+        if self.mid is not None and self.mid.ranks is not None:
+            self._rest_of = self._elastic(read_part(self.mid.ranks))
+        if self._rest_of is not None and self.mid is not None:
+            # What the old rank delivered beyond its prefix is in the part: the rest of
+            # the epoch is dealt after the prefix.
+            self.mid = dataclasses.replace(
+                self.mid, beyond=frozenset(), samples=self.mid.samples or 0, replay=0,
+                last_worker=-1,
+            )  # fmt: skip
+
+    def _elastic(self, part: RankPart) -> RankPart | None:
+        """``part`` if the rest of its epoch is to be dealt to this rank; None to resume
+        this rank's own position (a dataset with a state of its own, saved per worker,
+        resumes only on the same rank of the same world)."""
+        config, share = self.config, self.cursor.share
+        what = type(getattr(config.batch_sampler, "sampler", None) or config.sampler).__name__
+        check_fits(part, share.sharding if share is not None else None, what)
+        assert share is not None
+        if not config.dataset_keeps_state:
+            return part
+        deal, now = part.deal, share.sharding.deal
+        if (deal.world_size, deal.rank, deal.batch_size) != (
+            now.world_size, now.rank, now.batch_size,
+        ):  # fmt: skip
+            raise StateError(
+                f"This state was taken by rank {deal.rank} of {deal.world_size} (batch_size "
+                f"{deal.batch_size}) and is loaded into rank {now.rank} of {now.world_size} "
+                f"(batch_size {now.batch_size}), but the dataset "
+                f"{type(config.dataset).__name__} keeps a state of its own, saved per worker of "
+                "each rank: conveyor cannot deal it to other ranks. Resume on the same ranks "
+                "with the same batch size, or let the dataset be a map-style one without a state."
+            )
+        if callable(set_epoch := getattr(share.sharding.order_source, "set_epoch", None)):
+            set_epoch(part.order.get("epoch", 0))  # the state's epoch wins over the sampler's
+        return None
 
     def position(self, num_workers: int) -> Position:
         """Where the epoch's dispatch begins: resumed, at the first position not handed
@@ -119,7 +163,7 @@ class EpochStart:
         """Resumed mid-epoch: draw (or restore) the sampler past the positions handed
         out; indices only, no sample is fetched."""
         mid = self.mid
-        if mid is not None:
+        if mid is not None and self._rest_of is None:
             self.cursor.advance(mid.main, mid.delivered, mid.samples)
 
     def replay(self, fetch: Callable[[], object]) -> int:
@@ -143,6 +187,8 @@ class EpochStart:
     def _place(self) -> None:
         if self.mid is not None:
             self.cursor.restore_streams()
+            if self._rest_of is not None:
+                self.cursor.deal_rest(self._rest_of, self.mid.delivered, self.mid.samples or 0)
         else:
             self.cursor.replay_first_draw(self._first_global)
 
@@ -192,6 +238,22 @@ def warn_past_length(
     if length is not None and yielded > length:
         text = messages.iterable_length(config.dataset, length, yielded, config.num_workers > 0)
         warnings.warn(text, UserWarning, stacklevel=stacklevel + 1)
+
+
+def _check_same_ranks(resume: ResumePoint, config: LoaderConfig) -> None:
+    """An iterable dataset's state resumes only on the rank of the world it was taken on."""
+    then, now = resume.world or (1, 0), process_group() or (1, 0)
+    if then == now:
+        return
+    raise StateError(
+        f"This state was taken on rank {then[1]} of {then[0]} and is loaded on rank {now[1]} of "
+        f"{now[0]}. The iterable dataset {type(config.dataset).__name__} splits itself among "
+        "ranks and workers in its own code, and its state (saved per worker) is that rank's "
+        "share: conveyor cannot deal it to other ranks. Resume on the same ranks; or, to resume "
+        "on another number of them, make the dataset map-style with a DistributedSampler (which "
+        "conveyor re-deals exactly), or have its state_dict() record where the whole epoch "
+        "stands and its load_state_dict() skip there for the new rank's share."
+    )
 
 
 def per_worker_why(config: LoaderConfig) -> str:

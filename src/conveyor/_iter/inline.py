@@ -159,6 +159,7 @@ class InlineIterator:
             self._epoch,
             cursor.drawn - 1,
             cursor.samples_before(cursor.drawn - 1),
+            places=cursor.places(cursor.drawn - 1) if self._config.reseed == "sample" else (),
         )
         with kept_global_rngs():
             return self._runner.run(index, reseed=reseed)

@@ -80,6 +80,7 @@ class MultiprocessIterator:
         start = EpochStart(config, history, resume, num_workers=config.num_workers)
         self._cursor = start.cursor
         self._consecutive = consecutive_batches(config.index_sampler)
+        self._reseed_places = config.reseed == "sample" and self._cursor.share is not None
         # A DataPipe draws shared seeds around the base seed, where torch draws them: the
         # workers start with the first; the second only reseeds the main process's copy.
         pipes = self._pipe_seeds = SharedSeeds() if is_iter_datapipe(config.dataset) else None
@@ -247,6 +248,7 @@ class MultiprocessIterator:
                 first_sample=cursor.samples_before(cursor.drawn - 1),
                 want_state=self._want_state,
                 consecutive=self._consecutive,
+                places=cursor.places(cursor.drawn - 1) if self._reseed_places else (),
             )
         self._pool.send(worker_id, task)
         return True

@@ -21,6 +21,7 @@ from typing import Any
 from .._dataset_state import WorkerState
 from .._workers.protocol import TaskFailed, TaskReply
 from ..config import LoaderConfig, LoaderHistory
+from ..distributed import process_group
 from .cursor import SamplerCursor
 from .state import ResumePoint, Written, write
 
@@ -212,6 +213,8 @@ class Progress:
                 dataset_len=_length(self.config),
                 iterable_len=self.history.iterable_len,
                 reseed=self.config.reseed,
+                ranks=self.cursor.ranks_part(snap.prefix, snap.beyond),
+                world=process_group(),
             )
         )
 

@@ -24,6 +24,7 @@ from typing import Any
 from .._dataset_state import DATASET_STATE, ENDED, FETCHER_STATE, ITER_STATE, WorkerState
 from ..errors import StateError, WorkerCountError
 from ..records import SkippedSample
+from .elastic import RANKS, read_part
 
 VERSION = 1
 CONVEYOR = "conveyor"
@@ -58,6 +59,8 @@ class ResumePoint:
     rng_after: list[Any] | None = None  # generator states when the epoch ended
     global_after: str | None = None  # torch's global RNG when the state was taken (ended)
     raw: dict[str, Any] = field(default_factory=dict)  # the state as given
+    ranks: dict[str, Any] | None = None  # where the whole epoch stands (see .elastic)
+    world: tuple[int, int] | None = None  # (world size, rank) of the process group, if any
 
     @property
     def holds_worker_state(self) -> bool:
@@ -102,6 +105,8 @@ class Written:
     dataset_len: int | None
     iterable_len: int | None
     reseed: str
+    ranks: dict[str, Any] | None = None  # the loader shards the epoch over ranks
+    world: tuple[int, int] | None = None  # torch.distributed's (world size, rank)
 
 
 def write(w: Written) -> dict[str, Any]:
@@ -122,6 +127,10 @@ def write(w: Written) -> dict[str, Any]:
         "num_workers": w.num_workers,
         "yielded": w.yielded,
     }
+    if w.ranks is not None:
+        own[RANKS] = w.ranks
+    if w.world is not None:
+        own["world"] = list(w.world)
     if w.inline is not None:
         return {
             **sampler,
@@ -330,7 +339,24 @@ def _point(
         rng_after=own.get("rng_after"),
         global_after=own.get("global_after"),
         raw=state,
+        ranks=_ranks(own),
+        world=_world(own.get("world")),
     )
+
+
+def _world(raw: Any) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(v, int) for v in raw)):
+        raise StateError(f"state['conveyor']['world'] should be [world size, rank], got {raw!r}")
+    return raw[0], raw[1]
+
+
+def _ranks(own: dict[str, Any]) -> dict[str, Any] | None:
+    raw = own.get(RANKS)
+    if raw is not None:
+        read_part(raw)  # a malformed part fails at load_state_dict, naming its key
+    return raw
 
 
 def _worker_state(part: Any, where: str, iterable: bool) -> WorkerState:

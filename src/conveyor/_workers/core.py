@@ -294,7 +294,9 @@ class WorkerCore:
         reseed = None
         if spec.reseed != "worker":
             where = (task.epoch, task.seq, task.first_sample)
-            reseed = Reseed(spec.reseed, spec.base_seed, *where, generators=self.scope)
+            reseed = Reseed(
+                spec.reseed, spec.base_seed, *where, generators=self.scope, places=task.places
+            )
         reply = self._run(task, runner, time.monotonic(), reseed)
         if task.want_state or epoch_state is not None:
             state = self._pickled_state() if task.want_state else None

@@ -58,6 +58,9 @@ class Task:
     # ``index`` is ``list(range(index[0], index[0] + len(index)))`` (a sequential
     # sampler's batch): it travels as two numbers instead of a pickled list.
     consecutive: bool = False
+    # Ranks that shard the epoch, reseed="sample": each sample's place in the whole
+    # epoch's order, which it is seeded by instead of its position on this rank.
+    places: tuple[int, ...] = ()
 
     def with_released(self, released: tuple[int, ...]) -> Task:
         """This task carrying ``released``: every other field as it is (copied whole,

@@ -51,7 +51,7 @@ _CARRIED: dict[type, tuple[set[str], list[str]]] = {
     Task: (
         {"epoch", "seq", "index", "released", "trace", "first_sample", "want_state",
          "consecutive"},
-        ["exclude"],
+        ["exclude", "places"],
     ),
     BatchDone: (
         {"epoch", "seq", "payload", "busy_s", "started", "fetch_s", "collate_s", "encode_s"},
@@ -68,7 +68,7 @@ for _kind, (_carried, _checked) in _CARRIED.items():
 def encode(message: Any) -> bytes:
     """One whole frame (length included) for ``message``."""
     kind = type(message)
-    if kind is Task and not message.exclude:
+    if kind is Task and not message.exclude and not message.places:
         body = _encode_task(message)
     elif kind is BatchDone and _plain_batch(message):
         body = _encode_batch(message)
