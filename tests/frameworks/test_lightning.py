@@ -75,3 +75,40 @@ def test_each_ddp_rank_gets_torchs_shard(strategy: str, tmp_path: Path) -> None:
         assert ours["module"] == "conveyor.loader"  # conveyor's loader did the loading
         assert (ours["on_error"], ours["max_worker_restarts"]) == ("skip", 5)  # kept
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == list(range(32))
+
+
+RESUME = Path(__file__).with_name("lightning_resume.py")
+
+
+def _lightning(out: Path, devices: int, *resume: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    command = [sys.executable, "-W", "ignore", str(RESUME), str(out), str(devices), *resume]
+    return subprocess.run(command, env=env, timeout=300, capture_output=True, text=True)
+
+
+def _steps(log: Path, ranks: int) -> list[dict[str, Any]]:
+    lines = []
+    for rank in range(ranks):
+        lines += [json.loads(line) for line in Path(f"{log}.{rank}.jsonl").read_text().splitlines()]
+    return lines
+
+
+def test_a_preempted_ddp_run_resumes_from_its_checkpoint_on_4_or_2_devices(tmp_path: Path) -> None:
+    """Lightning's own mid-epoch checkpoint of a 4-device DDP run (every rank then
+    SIGKILLed), resumed with ``ckpt_path=`` on 4 devices and on 2: the second epoch
+    delivers every sample exactly once over both runs. (Lightning calls ``iter()`` on the
+    loader before ``set_epoch``: the state's epoch must win; Lightning saves rank 0's
+    loader state only: it must speak for every rank.)"""
+    pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
+    out = tmp_path / "run"
+    first = _lightning(out, 4)
+    assert first.returncode == -9, first.stderr[-3000:]  # killed right after its checkpoint
+    before = [s["ids"] for s in _steps(Path(f"{out}.first"), 4) if s["epoch"] == 1]
+    assert len(before) == 4 * 2  # two steps of the second epoch on each rank
+    for devices in (4, 2):
+        resumed = _lightning(out, devices, f"{out}.ckpt")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        after = [s["ids"] for s in _steps(Path(f"{out}.resumed{devices}"), devices)]
+        assert all(s["epoch"] == 1 for s in _steps(Path(f"{out}.resumed{devices}"), devices))
+        seen = sorted(i for ids in before + after for i in ids)
+        assert seen == list(range(96)), f"resumed on {devices} devices"
