@@ -80,3 +80,36 @@ def test_accelerates_own_prepare_says_once_that_torch_loads_and_names_the_fix(
         assert "options (max_worker_restarts=5, on_error='skip')" in message  # what is lost
         assert "`from conveyor.integrations.accelerate import Accelerator`" in message
         assert "conveyor.integrations.accelerate.prepare(accelerator, loader)" in message
+
+
+RESUME = Path(__file__).with_name("accelerate_resume.py")
+
+
+def _torchrun(processes: int, out: Path, phase: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
+    return subprocess.run(
+        [*command, str(RESUME), str(out), phase],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_save_state_and_load_state_resume_the_epoch_on_another_number_of_processes(
+    tmp_path: Path,
+) -> None:
+    """2 processes save their state (each its own; accelerate keeps one) and are killed;
+    3 processes load the last one's and finish the epoch: every sample once."""
+    pytest.importorskip("accelerate", reason="CI installs accelerate (.ci/run)")
+    out = tmp_path / "run"
+    first = _torchrun(2, out, "first")
+    assert first.returncode != 0 and "SIGKILL" in first.stderr, first.stderr[-3000:]
+    resumed = _torchrun(3, out, "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = []
+    for phase, ranks in (("first", 2), ("resume", 3)):
+        for rank in range(ranks):
+            lines = Path(f"{out}.{phase}.{rank}.jsonl").read_text().splitlines()
+            steps += [json.loads(line) for line in lines]
+    assert sorted(i for ids in steps for i in ids) == list(range(96))

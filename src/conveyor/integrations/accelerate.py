@@ -26,16 +26,22 @@ batches and every conveyor option, where accelerate put torch's:
                                                num_workers=4, on_error="skip"))
       model, optimizer = accelerator.prepare(model, optimizer)
 
-Not tested: a loader prepared with ``use_stateful_dataloader=True`` (accelerate builds
-torchdata's ``StatefulDataLoader``, replaced the same way), and TPUs (XLA), where
-accelerate wraps the loader in a device loader; one without a ``base_dataloader`` to
-replace keeps torch's loader, with a ``LoaderReplacedWarning``. docs/frameworks.md has
-the details.
+Checkpoints: with ``DataLoaderConfiguration(use_stateful_dataloader=True)``,
+``accelerator.save_state()`` saves the conveyor loader's state and ``load_state()``
+resumes it at the next batch, also on another number of processes (whichever
+process's state accelerate finds in the directory: each says where the whole epoch
+stands). conveyor's loader is stateful itself, so this needs no torchdata. Without that
+option accelerate saves no loader state: resume with ``skip_first_batches`` as usual.
+
+Not tested: TPUs (XLA), where accelerate wraps the loader in a device loader; one without
+a ``base_dataloader`` to replace keeps torch's loader, with a ``LoaderReplacedWarning``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from conveyor import DataLoader, LoaderReplacedWarning
@@ -65,9 +71,25 @@ def prepare(accelerator: Any, loader: DataLoader) -> Any:
             f"prepare() takes a conveyor DataLoader, got {type(loader).__name__}: for other "
             "loaders call accelerator.prepare() itself"
         )
-    with prepared_by_conveyor(loader):
+    with prepared_by_conveyor(loader), _stateful_by_conveyor(accelerator) as stateful:
         prepared = accelerator.prepare(loader)
-    return _loading_with(loader, prepared)
+    return _loading_with(loader, prepared, stateful)
+
+
+@contextlib.contextmanager
+def _stateful_by_conveyor(accelerator: Any) -> Iterator[bool]:
+    """Whether the user asked accelerate to checkpoint the loader's state; meanwhile
+    accelerate builds torch's plain loader, not torchdata's (conveyor's replaces it, and
+    it keeps a state of its own)."""
+    config: Any = getattr(accelerator, "dataloader_config", None)
+    asked = bool(getattr(config, "use_stateful_dataloader", False))
+    if asked:
+        config.use_stateful_dataloader = False
+    try:
+        yield asked
+    finally:
+        if asked:
+            config.use_stateful_dataloader = True
 
 
 def _unprepared(loader: Any) -> bool:
@@ -75,8 +97,9 @@ def _unprepared(loader: Any) -> bool:
     return issubclass(type(loader), DataLoader)
 
 
-def _loading_with(loader: DataLoader, prepared: Any) -> Any:
-    """``prepared`` (accelerate's wrapper), loading with a conveyor twin of ``loader``."""
+def _loading_with(loader: DataLoader, prepared: Any, stateful: bool = False) -> Any:
+    """``prepared`` (accelerate's wrapper), loading with a conveyor twin of ``loader``;
+    ``stateful``: accelerate's checkpoints carry the loader's state."""
     made = getattr(prepared, "base_dataloader", None)
     if made is None:
         warnings.warn(
@@ -87,6 +110,11 @@ def _loading_with(loader: DataLoader, prepared: Any) -> Any:
         )
     elif not isinstance(made, DataLoader):  # not twinned already (a nested prepare)
         prepared.base_dataloader = _conveyor_twin(loader, made)
+        if stateful:
+            # accelerate saves and loads dl_state_dict when this is set; until the first
+            # batch it is the replaced loader's: an empty state (nothing delivered yet).
+            prepared.use_stateful_dataloader = True
+            prepared.dl_state_dict = {}
     return prepared
 
 
@@ -115,9 +143,9 @@ else:
         def prepare_data_loader(self, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
             if not _unprepared(data_loader):
                 return super().prepare_data_loader(data_loader, *args, **kwargs)
-            with prepared_by_conveyor(data_loader):
+            with prepared_by_conveyor(data_loader), _stateful_by_conveyor(self) as stateful:
                 prepared = super().prepare_data_loader(data_loader, *args, **kwargs)
-            return _loading_with(data_loader, prepared)
+            return _loading_with(data_loader, prepared, stateful)
 
         def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
             # accelerate builds torch's loader again, from the prepared one's attributes
