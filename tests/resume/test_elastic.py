@@ -85,6 +85,24 @@ def test_the_states_epoch_wins_over_a_sampler_set_after_iter() -> None:
     assert run.before + run.after == uninterrupted(old)
 
 
+def test_after_a_finished_epoch_the_next_one_is_dealt_even_if_set_epoch_comes_late() -> None:
+    """A state taken at the epoch's end, loaded by Lightning (iter() before set_epoch()):
+    the next epoch is the state's epoch + 1, not the order of the sampler's epoch 0."""
+    torch_sampler = pytest.importorskip("torch.utils.data").DistributedSampler
+    old = World(2, 4, n=40, epoch=1, sampler_class=torch_sampler, options={"num_workers": 2})
+    loaders = old.loaders()
+    lockstep([iter(loader) for loader in loaders])
+    states = checkpoint(loaders)
+    new = World(2, 4, n=40, epoch=2, sampler_class=torch_sampler, options={"num_workers": 2})
+    resumed = new.loaders(epoch=0)
+    for loader, state in zip(resumed, states, strict=True):
+        loader.load_state_dict(state)
+    iterators = [iter(loader) for loader in resumed]
+    for loader in resumed:
+        loader.batch_sampler.sampler.set_epoch(2)
+    assert lockstep(iterators) == uninterrupted(new)
+
+
 @pytest.mark.parametrize(
     "workers", [{"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}]
 )

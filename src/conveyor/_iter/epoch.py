@@ -30,6 +30,7 @@ from .cursor import SamplerCursor
 from .elastic import RankPart, check_fits, read_part
 from .rng import replayed_draw
 from .run_ahead import SLOTS_BEYOND_PREFETCH
+from .sharding import SAMPLES
 from .state import ResumePoint
 from .steps import Position
 
@@ -66,6 +67,8 @@ class EpochStart:
         self._rest_of: RankPart | None = None
         if self.mid is not None and self.mid.ranks is not None:
             self._rest_of = self._elastic(read_part(self.mid.ranks))
+        elif self.finished and resume is not None and resume.ranks is not None:
+            self._next_epoch_of(read_part(resume.ranks))
         if self._rest_of is not None and self.mid is not None:
             # What the old rank delivered beyond its prefix is in the part: the rest of
             # the epoch is dealt after the prefix.
@@ -73,6 +76,19 @@ class EpochStart:
                 self.mid, beyond=frozenset(), samples=self.mid.samples or 0, replay=0,
                 last_worker=-1,
             )  # fmt: skip
+
+    def _next_epoch_of(self, part: RankPart) -> None:
+        """Resumed after the epoch ``part`` ended: a distributed sampler not moved past
+        that epoch yet (Lightning calls ``iter()`` before ``set_epoch()``) deals the next
+        one, not an earlier epoch's order again."""
+        share = self.cursor.share
+        if share is None or share.sharding.deal.dealing != SAMPLES:
+            return  # accelerate sets its samplers' epoch itself before iter()
+        source = share.sharding.order_source
+        ended = part.order.get("epoch")
+        at = getattr(source, "epoch", None)
+        if isinstance(ended, int) and isinstance(at, int) and at <= ended:
+            source.set_epoch(ended + 1)
 
     def _elastic(self, part: RankPart) -> RankPart | None:
         """``part`` if the rest of its epoch is to be dealt to this rank; None to resume
