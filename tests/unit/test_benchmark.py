@@ -130,6 +130,8 @@ def test_workloads_match_the_documented_settings() -> None:
         "epochs": (256, 2, False),
         "train": (64, 2, True),
         "host": (16, 2, True),
+        "torchvision": (64, 2, True),
+        "torchvision-io": (64, 2, True),
         "ray": (64, 2, True),
     }
     # The issue's targets (issue 24), printed beside the figures.
@@ -144,7 +146,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    heavy = ("decode", "big", "remote", "host", "ray")  # left out of --quick
+    heavy = ("decode", "big", "remote", "host", "torchvision", "torchvision-io", "ray")
     assert tuple(n for n in WORKLOADS if n not in heavy) == (specs.QUICK_WORKLOADS)
     # ray starts a Ray cluster: only when named (issue 27).
     assert tuple(n for n in WORKLOADS if n != "ray") == specs.DEFAULT_WORKLOADS
@@ -159,6 +161,40 @@ def test_workloads_match_the_documented_settings() -> None:
     # Issue 25's rows: 4 processes x 16 threads for remote reads, the SPDL effect (host).
     assert [v.label for v in WORKLOADS["remote"].variants][1] == "4 processes x 16 threads"
     assert WORKLOADS["host"].step_holds_gil and WORKLOADS["host"].step_s == 0.005
+    # Issue 33's rows: torch's processes, conveyor's, its threads and processes of threads.
+    for name in ("torchvision", "torchvision-io"):
+        assert [v.label for v in WORKLOADS[name].variants] == [
+            "2 thread workers",
+            "2 processes x 2 threads",
+        ]
+        assert WORKLOADS[name].measure_memory
+
+
+def test_the_torchvision_workloads_without_torchvision_say_so_on_their_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision fails
+    options = BenchOptions(workloads=("torchvision", "torchvision-io"), quick=True, repeat=1)
+    report = run_benchmark(options, progress=None)
+    assert [row.workload for row in report.rows] == ["torchvision", "torchvision-io"]
+    for row in report.rows:
+        assert not row.runs and not row.errors
+        (note,) = row.notes
+        assert note.startswith("skipped: needs torchvision (")
+        assert note.endswith("): pip install torch==2.14.1 torchvision==0.29.1")
+
+
+@pytest.mark.parametrize("name", ["torchvision", "torchvision-io"])
+# torchvision 0.29 deprecates its decoders for TorchCodec's; decode_jpeg still works.
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
+def test_the_torchvision_samples_are_normalized_crops_and_labels(name: str) -> None:
+    pytest.importorskip("torchvision", reason="the torchvision workloads need torchvision")
+    dataset = WORKLOADS[name].make_dataset(20, True)  # quick: 16 files, twice over
+    assert len(dataset) == 32
+    image, label = dataset[17]
+    assert (tuple(image.shape), str(image.dtype)) == ((3, 224, 224), "torch.float32")
+    assert float(image.min()) < 0 < float(image.max())  # normalized
+    assert label == 0  # sample 17 is the folder's 2nd: class0 holds its first four files
 
 
 def test_the_ray_workload_without_ray_says_so_on_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
