@@ -65,7 +65,9 @@ def main() -> None:
     print(f"merged state size: {len(json.dumps(merged)):,} bytes of JSON")
     new = _loader(args.samples, args.ranks // 2, 1, args.batch)
     new.load_state_dict(merged)
-    first = _timed(f"iter() + first batch on rank 1 of {args.ranks // 2:,}", lambda: next(iter(new)))
+    first = _timed(
+        f"iter() + first batch on rank 1 of {args.ranks // 2:,}", lambda: next(iter(new))
+    )
     print(f"first batch resumed: {list(first)[:4]}...")  # type: ignore[call-overload]
 
 

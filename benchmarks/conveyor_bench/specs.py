@@ -160,6 +160,28 @@ def _decode_dataset(length: int, quick: bool) -> DecodeDataset:
     return DecodeDataset(length, imaging.make_jpegs(DECODE_IMAGES))
 
 
+def _image_folder(torchvision_io: bool) -> Callable[[int, bool], MapDataset]:
+    """The torchvision workloads' dataset (torchvision is imported only when it is built)."""
+
+    def make(length: int, quick: bool) -> MapDataset:
+        from conveyor_bench import vision  # torchvision: NeedsTorchvision says how to get it
+
+        return vision.image_folder(length, quick, torchvision_io=torchvision_io)
+
+    return make
+
+
+# The kinds of worker the torchvision rows compare with torch's processes. Their threads
+# share torch's global generator (the pre-flight would warn of it): timed as they run.
+VISION_VARIANTS = (
+    Variant("2 thread workers", 2, (("worker_method", "thread"), ("preflight", False))),
+    Variant(
+        "2 processes x 2 threads", 2, (("threads_per_worker", 2), ("preflight", False)), cores=4
+    ),
+)
+_VISION = "torchvision's ImageFolder over decode's JPEGs on disk, v2 RandomResizedCrop(224), "
+_VISION += "RandomHorizontalFlip, ToImage, ToDtype(float32), Normalize; "
+
 WORKLOADS: dict[str, WorkloadSpec] = {
     spec.name: spec
     for spec in (
@@ -367,6 +389,27 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             ),
             in_quick=False,
             measure_memory=True,
+        ),
+        *(
+            WorkloadSpec(
+                name=name,
+                summary=_VISION + decoder + " (needs torchvision; skipped without it)",
+                kind="throughput",
+                make_dataset=_image_folder(torchvision_io=name == "torchvision-io"),
+                batch_size=64,
+                num_workers=2,
+                persistent_workers=True,
+                max_batches=400,
+                quick_batches=4,
+                warmup=3,
+                variants=VISION_VARIANTS,
+                in_quick=False,
+                measure_memory=True,
+            )
+            for name, decoder in (
+                ("torchvision", "Pillow decodes (ImageFolder's default loader)"),
+                ("torchvision-io", "torchvision.io.decode_jpeg decodes into a tensor"),
+            )
         ),
         WorkloadSpec(
             name="startup",

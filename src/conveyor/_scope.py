@@ -24,7 +24,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .worker_info import WorkerInfo
 
-__all__ = ["GLOBAL_GENERATORS", "WorkerRng", "WorkerScope", "current", "entered"]
+__all__ = ["GLOBAL_GENERATORS", "ModuleStandIns", "WorkerRng", "WorkerScope", "current", "entered"]
 
 
 class WorkerRng:
@@ -102,6 +102,45 @@ class _GlobalGenerators:
 
 
 GLOBAL_GENERATORS = _GlobalGenerators()
+_SEEDED = object()  # a stand-in's seed was applied
+
+
+class ModuleStandIns:
+    """What ``random``'s and NumPy's module functions draw from in a thread core (see
+    conveyor._thread_draws): a ``random.Random`` and a legacy ``numpy.random.RandomState``
+    of its own, seeded and reseeded exactly as a process worker's module generators are,
+    so ``random.random()`` or ``np.random.rand()`` in ``__getitem__`` draw the same on a
+    thread as on a process. Each is made, or reseeded, on first use after a seeding:
+    ``reseed="sample"`` costs nothing where the dataset does not draw."""
+
+    __slots__ = ("_numpy", "_numpy_seed", "_python_seed", "_random")
+
+    def __init__(self) -> None:
+        self._random: random.Random | None = None
+        self._numpy: np.random.RandomState | None = None
+        self._python_seed: Any = 0
+        self._numpy_seed: Any = 0
+
+    def seed_each(self, python: int, numpy_seed: Any) -> None:
+        self._python_seed, self._numpy_seed = python, numpy_seed
+
+    @property
+    def random(self) -> random.Random:
+        if self._random is None:
+            self._random = random.Random(self._python_seed)
+        elif self._python_seed is not _SEEDED:
+            self._random.seed(self._python_seed)
+        self._python_seed = _SEEDED
+        return self._random
+
+    @property
+    def numpy(self) -> np.random.RandomState:
+        if self._numpy is None:
+            self._numpy = np.random.RandomState(self._numpy_seed)
+        elif self._numpy_seed is not _SEEDED:
+            self._numpy.seed(self._numpy_seed)
+        self._numpy_seed = _SEEDED
+        return self._numpy
 
 
 @dataclass(eq=False)
@@ -114,19 +153,29 @@ class WorkerScope:
     # The dataset asked get_worker_info() (ours or torch's): it probably shards.
     consulted: bool = False
     # Whether the process-wide generators are this core's to seed (one core in its
-    # process, as torch's workers have): thread cores seed only their own.
+    # process, as torch's workers have): thread cores seed only their own, and draw from
+    # ``module_draws`` where the code calls random's or NumPy's module functions.
     owns_globals: bool = True
     rng: WorkerRng = field(default_factory=WorkerRng)
     torch_info: Any = None  # ``info`` as torch's own WorkerInfo, made when torch asks
+    module_draws: ModuleStandIns | None = None
+
+    def __post_init__(self) -> None:
+        if not self.owns_globals:
+            self.module_draws = ModuleStandIns()
 
     def seed_each(self, python: int, numpy_seed: Any, torch_seed: int) -> None:
-        if self.owns_globals:
+        if self.module_draws is None:
             GLOBAL_GENERATORS.seed_each(python, numpy_seed, torch_seed)
+        else:
+            self.module_draws.seed_each(python, numpy_seed)
         self.rng.seed_each(python, numpy_seed, torch_seed)
 
     def seed(self, seed: int) -> None:
-        if self.owns_globals:
+        if self.module_draws is None:
             GLOBAL_GENERATORS.seed(seed)
+        else:  # as GLOBAL_GENERATORS.seed seeds random and NumPy
+            self.module_draws.seed_each(seed, seed & 0xFFFFFFFF)
         self.rng.seed(seed)
 
 

@@ -31,7 +31,7 @@ from ._worker_arguments import too_many_workers, worker_arguments
 from ._workers.ray_cluster import require_ray
 from .config import LoaderConfig, LoaderHistory, Options, StartMethod
 from .dataset import is_iterable_dataset
-from .diagnostics.preflight import run_automatic
+from .diagnostics.preflight import run_automatic, warn_at_construction
 from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
 from .observe.autotune import auto_workers
 from .observe.trace import Tracer
@@ -253,6 +253,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._initialized = True
         self._config = self._build_config()
         self.check_worker_number_rationality()
+        warn_at_construction(self._config)  # what thread workers cannot keep: said now
 
     # --- torch's attribute rules -------------------------------------------
 

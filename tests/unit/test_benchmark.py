@@ -130,6 +130,8 @@ def test_workloads_match_the_documented_settings() -> None:
         "epochs": (256, 2, False),
         "train": (64, 2, True),
         "host": (16, 2, True),
+        "torchvision": (64, 2, True),
+        "torchvision-io": (64, 2, True),
         "ray": (64, 2, True),
     }
     # The issue's targets (issue 24), printed beside the figures.
@@ -144,7 +146,7 @@ def test_workloads_match_the_documented_settings() -> None:
         "decode",
         "cpu",
     }
-    heavy = ("decode", "big", "remote", "host", "ray")  # left out of --quick
+    heavy = ("decode", "big", "remote", "host", "torchvision", "torchvision-io", "ray")
     assert tuple(n for n in WORKLOADS if n not in heavy) == (specs.QUICK_WORKLOADS)
     # ray starts a Ray cluster: only when named (issue 27).
     assert tuple(n for n in WORKLOADS if n != "ray") == specs.DEFAULT_WORKLOADS
@@ -159,6 +161,13 @@ def test_workloads_match_the_documented_settings() -> None:
     # Issue 25's rows: 4 processes x 16 threads for remote reads, the SPDL effect (host).
     assert [v.label for v in WORKLOADS["remote"].variants][1] == "4 processes x 16 threads"
     assert WORKLOADS["host"].step_holds_gil and WORKLOADS["host"].step_s == 0.005
+    # Issue 33's rows: torch's processes, conveyor's, its threads and processes of threads.
+    for name in ("torchvision", "torchvision-io"):
+        assert [v.label for v in WORKLOADS[name].variants] == [
+            "2 thread workers",
+            "2 processes x 2 threads",
+        ]
+        assert WORKLOADS[name].measure_memory
 
 
 def test_the_ray_workload_without_ray_says_so_on_its_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..collate import OUTPUT_ALLOCATOR
 from .arena import MainArena, SlotInfo, SlotLease, WorkerArena, align
+from .main_classes import reduce_sent_class
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class _BatchPickler(pickle.Pickler):
     Sending the storage rather than the tensor keeps shapes, strides and
     offsets exactly, keeps tensors that share a storage sharing it (one
     array per storage, deduplicated by pickle's memo), and works for every
-    dtype, NumPy-representable or not.
+    dtype, NumPy-representable or not. A class the main process sent by value
+    (its ``__main__``'s) goes back as a reference to its own (see .main_classes).
     """
 
     def __init__(self, *args: Any, arrays_as_tensors: bool = False, **kwargs: Any) -> None:
@@ -73,6 +75,8 @@ class _BatchPickler(pickle.Pickler):
             if id(obj) in self._carriers:
                 return NotImplemented  # a tensor's storage bytes, not a leaf
             return _reduce_array_as_tensor(obj)
+        if issubclass(kind, type):  # a class (kind is its metaclass)
+            return reduce_sent_class(obj) or NotImplemented
         return NotImplemented
 
     def _reduce_tensor(self, t: Any, torch: Any) -> Any:

@@ -29,6 +29,7 @@ from .. import _datapipes, _scope, _torch
 from .._compat import assert_never
 from .._reseed import Reseed
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from .._thread_draws import route_module_draws
 from ..collate import Registrations, default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, install_in_torch
@@ -185,6 +186,8 @@ class WorkerCore:
             spec.worker_id, spec.num_workers, seed, user.dataset, scope.rng, spec.worker_method
         )
         install_in_torch(scope, process_wide=self._owns_process)
+        if not self._owns_process:  # random's and NumPy's module draws: this core's own
+            route_module_draws()
         self._seed_like_torch()
         self.status.stage(Stage.WORKER_INIT)
         try:

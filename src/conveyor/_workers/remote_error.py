@@ -4,7 +4,9 @@
 ``isinstance`` work in the main process. cloudpickle copies every ``__main__``
 class by value, which under fork would make a *new* class with the same name:
 ``capture`` sends a class by reference whenever its name finds that same class
-in the worker (a forked worker shares the parent's ``__main__``), and
+in the worker (a forked worker shares the parent's ``__main__``), a class the main
+process sent by value (a spawn worker's copy of a ``__main__`` class) as a reference
+to the main process's own (see conveyor._transport.main_classes), and
 ``rebuild`` prefers the class the main process finds by module and qualname
 over a by-value copy (a spawn worker has the class only by value, as the
 dataset brought it). A class found nowhere (defined in a function) still comes
@@ -22,6 +24,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._transport.main_classes import reduce_sent_class
 from ..errors import WorkerError
 from .protocol import RemoteError
 from .sources import missing_sources
@@ -100,11 +103,15 @@ def _instantiate(
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, but a ``__main__`` class goes by reference when its name finds it."""
+    """cloudpickle, but a ``__main__`` class goes by reference when its name finds it,
+    and a class the main process sent by value goes back as a reference to its own."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type) and obj.__module__ == "__main__" and _by_name(obj):
             return NotImplemented  # pickle's own save_global: by reference
+        sent = reduce_sent_class(obj)
+        if sent is not None:
+            return sent
         return super().reducer_override(obj)
 
 

@@ -12,7 +12,7 @@ fix is the one :func:`~.fixes.fix_for` gives ``conveyor.check()``.
 from __future__ import annotations
 
 import contextlib
-import functools
+import io
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._transport.main_classes import reduce_sent_class
 from ..config import StartMethod
 from ..errors import UnpicklableError
 from .fixes import fix_for, sharing_is_a_hazard
@@ -48,12 +49,18 @@ class PicklingFinding:
     type_name: str
     reason: str
     handle: Handle | None = field(default=None, compare=False)
+    class_name: str | None = None  # the part is a class (module.qualname) pickle cannot name
 
     def fix(self) -> str:
         """The fix, without a final period (see :func:`~.fixes.fix_for`)."""
         return fix_for(self.path, self.type_name, self.handle)
 
     def why(self) -> str:
+        if self.class_name is not None:
+            return (
+                f"{self.path} is the class {self.class_name}, which the main process cannot "
+                f"find by its module and name ({self.reason})."
+            )
         return why_unpicklable(self.path, self.type_name, self.reason)
 
 
@@ -118,7 +125,8 @@ class _Search:
                     self.walk(child, path + group.suffix(i), child_error, depth + 1)
         if not failing_child and len(self.findings) < self.max_findings:
             reason = short(str(error) or type(error).__name__)
-            found = PicklingFinding(path, type_name(obj), reason, describe_handle(obj))
+            named = f"{obj.__module__}.{obj.__qualname__}" if issubclass(type(obj), type) else None
+            found = PicklingFinding(path, type_name(obj), reason, describe_handle(obj), named)
             self.findings.append(found)
 
     def scan(self, values: Sequence[Any], lo: int, hi: int) -> Iterator[tuple[int, Any, Any]]:
@@ -143,7 +151,33 @@ _SAMPLE_FIX = (
 )
 _CONTEXT_NAMES = {"start_method": "start method", "index": "dataset index"}
 _CONTEXT_NAMES.update(indices="dataset indices", worker_id="worker")
-_PICKLE5: Dumps = functools.partial(pickle.dumps, protocol=5)
+
+
+class _SamplePickler(pickle.Pickler):
+    """What a worker's batch pickler does with classes: one the main process sent by
+    value goes back by reference (see conveyor._transport.main_classes)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        return reduce_sent_class(obj) or NotImplemented
+
+
+def _pickle5(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    _SamplePickler(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()
+
+
+def _sample_fix(findings: Sequence[PicklingFinding]) -> str:
+    """The fix for a sample that cannot go back: where a class is at fault, where to
+    define it."""
+    classes = list(dict.fromkeys(f.class_name for f in findings if f.class_name))
+    if not classes:
+        return _SAMPLE_FIX
+    return (
+        f"define {', '.join(classes)} at the top level of a module or of the training script, "
+        "not inside a function nor only in the worker, so that the main process finds it by "
+        "its module and name (a class of the script's own comes back as that class)."
+    )
 
 
 def explain_unpicklable(
@@ -188,18 +222,19 @@ def explain_unpicklable(
     hazard = any(sharing_is_a_hazard(f.type_name, f.handle) for f in findings)
     if method is not None and method.pickles_objects and not hazard:
         fix += ", or use multiprocessing_context='fork'"
-    fix = _SAMPLE_FIX if sample else fix + "."
+    fix = _sample_fix(findings) if sample else fix + "."
     path, kind = findings[0].path, findings[0].type_name
     return UnpicklableError(f"{what}{why} Fix: {fix}", path=path, type_name=kind)
 
 
 def explain_unpicklable_sample(
-    sample: Any, error: BaseException, *, indices: Any, dumps: Dumps = _PICKLE5, **context: Any
+    sample: Any, error: BaseException, *, indices: Any, dumps: Dumps = _pickle5, **context: Any
 ) -> UnpicklableError:
     """Build the error for a worker's result that cannot be pickled back to the main process.
 
     ``indices`` are the dataset indices the sample (or batch) came from. Samples go
-    through the standard ``pickle`` (protocol 5), not cloudpickle: a lambda fails too.
+    through the standard ``pickle`` (protocol 5), not cloudpickle: a lambda fails too,
+    and so does a class the main process cannot find by name (made in a function).
     """
     one = isinstance(indices, (list, tuple)) and len(indices) == 1
     where = {"index": indices[0]} if one else {"indices": indices}

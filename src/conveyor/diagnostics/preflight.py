@@ -8,6 +8,10 @@
   ERROR is raised (``UnpicklableError``, or ``ConfigError`` naming the fix)
   before any worker process exists; each WARNING is emitted once as a
   :class:`~conveyor.errors.PreflightWarning`.
+* :func:`warn_at_construction` says, when a loader with thread workers is built, what
+  draws from torch's global generator, which its threads would share (a kind of worker
+  says what it cannot keep at construction, not mid-run); :func:`run_automatic` then
+  leaves that finding out.
 * :func:`check` returns the full :class:`Report`: it also pickles what spawn
   and forkserver workers receive (naming the attribute that fails), fetches
   one batch to estimate the memory the prefetch needs, and adds INFO findings.
@@ -39,14 +43,23 @@ from .fork_hazards import (
     thread_findings,
 )
 from .pickling import explain_unpicklable, find_unpicklable
-from .thread_hazards import thread_hazard_findings
+from .thread_hazards import thread_hazard_findings, torch_draw_findings
 from .walk import Walk
 
-__all__ = ["Finding", "Report", "Severity", "automatic_findings", "check", "run_automatic"]
+__all__ = [
+    "Finding",
+    "Report",
+    "Severity",
+    "automatic_findings",
+    "check",
+    "run_automatic",
+    "warn_at_construction",
+]
 
 _WORKER_METHODS = ("multiprocessing", "thread", "ray")
 _MAX_BATCH_LEAVES = 10_000
 _FULL_WALK_OBJECTS = 20_000  # check() may look further than the automatic pre-flight
+_SAID_AT_CONSTRUCTION = frozenset({"thread-torch-rng"})
 _SKIP_NOTE = (
     "conveyor found this before starting any worker; DataLoader(..., preflight=False) "
     "skips these checks."
@@ -164,11 +177,27 @@ def run_automatic(config: LoaderConfig, stacklevel: int = 3) -> None:
             if error is not None:
                 raise error
     for finding in findings:
-        if finding.severity is Severity.WARNING:
-            warning = PreflightWarning(finding.message())
-            warning.finding = finding
+        if finding.severity is Severity.WARNING and finding.code not in _SAID_AT_CONSTRUCTION:
             # The caller says how deep the user's ``for batch in loader`` is.
-            warnings.warn(warning, stacklevel=stacklevel)
+            _warn(finding, stacklevel)
+
+
+def warn_at_construction(config: LoaderConfig, stacklevel: int = 3) -> None:
+    """Warn, as the loader is built, of what draws from torch's global generator when its
+    workers are threads (or processes of several threads); ``stacklevel``: how deep the
+    user's ``DataLoader(...)`` line is."""
+    threads = config.worker_method == "thread" or config.threads_per_worker > 1
+    if not (config.preflight and config.num_workers > 0 and threads):
+        return
+    walk = Walk(_from_config(config, None, None).roots, pickled=False)
+    for finding in torch_draw_findings(walk):
+        _warn(finding, stacklevel)
+
+
+def _warn(finding: Finding, stacklevel: int) -> None:
+    warning = PreflightWarning(finding.message())
+    warning.finding = finding
+    warnings.warn(warning, stacklevel=stacklevel + 1)
 
 
 # --- what to check ------------------------------------------------------------------

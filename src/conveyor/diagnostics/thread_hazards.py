@@ -10,10 +10,14 @@ checks (``shared-*`` under fork, ``unpicklable`` under spawn) do not apply; thes
   default) refuses every other thread, so each sample would raise ``ProgrammingError``;
 * ``thread-shared-socket``: requests and replies of several threads interleave;
 * ``thread-shared-rng``: a generator the dataset holds is drawn from by every thread in
-  whatever order they run, so augmentations change from run to run.
+  whatever order they run, so augmentations change from run to run;
+* ``thread-torch-rng``: objects known to draw from torch's global generator (torchvision's
+  random transforms: see .torch_draws), one per process, which threads cannot each have.
 
-The global generators (``random``, ``np.random``) cannot be told apart by what a dataset
-holds; docs/guide.md says to draw from ``get_worker_info().rng`` instead.
+``random``'s and NumPy's module functions need no check: each thread worker draws from
+its own stand-ins (conveyor._thread_draws). A bare ``torch.rand`` in ``__getitem__``
+cannot be told from what the dataset holds; docs/guide.md says to draw from
+``get_worker_info().rng`` instead.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .fork_hazards import handle_what, names_used
 from .handles import Handle, describe_handle
 from .walk import Walk
 
-__all__ = ["thread_hazard_findings"]
+__all__ = ["thread_hazard_findings", "torch_draw_findings"]
 
 _WHY = {
     "file": "Every thread worker reads through this one file object, so they share its "
@@ -48,11 +52,28 @@ _RNG_FIX = (
     "info.rng.numpy_generator (or random_generator, torch_generator) in __getitem__, seeded "
     "as process workers are and reseeded with them"
 )
+_TORCH_WHY = (
+    "torch has one global generator per process, and torch.rand, torch.randint or "
+    "Tensor.uniform_ without generator= draw from it: the thread workers take turns on it in "
+    "whatever order they happen to run, so the augmentations a sample gets change from run "
+    "to run and differ from torch's loader (reseed cannot make them repeat). Each thread "
+    "worker has its own random and np.random, but torch's generator cannot be split."
+)
+_TORCH_FIX = (
+    "use worker processes of one thread each (worker_method='multiprocessing' and "
+    "threads_per_worker=1, the defaults), whose draws are torch's; or give the transform the "
+    "worker's own torch generator, e.g. class RandomFlip: def __call__(self, img): info = "
+    "torch.utils.data.get_worker_info(); g = info.rng.torch_generator if info and info.rng "
+    "else None; return img.flip(-1) if torch.rand(1, generator=g) < 0.5 else img (seeded as "
+    "a process worker's torch generator is, and reseeded with it)."
+)
+_NAMED = 3  # objects named in the message; the rest are counted
 
 
 def thread_hazard_findings(walk: Walk, worker_init_fn: Any = None) -> list[Finding]:
     """What the thread workers would share in ``walk``'s objects, worst first."""
     findings = [f for path, obj in walk.handles if (f := _handle_finding(path, obj))]
+    findings += torch_draw_findings(walk)
     renewed = names_used(worker_init_fn)
     for path, _ in walk.rngs:
         if path.rsplit(".", 1)[-1] in renewed:
@@ -70,6 +91,32 @@ def thread_hazard_findings(walk: Walk, worker_init_fn: Any = None) -> list[Findi
             )
         )
     return sorted(findings, key=lambda f: -f.severity)
+
+
+def torch_draw_findings(walk: Walk) -> list[Finding]:
+    """One finding for everything in ``walk`` that draws from torch's global generator."""
+    if not walk.torch_draws:
+        return []
+    named = [f"{path} is {_a(what)}" for path, _, what in walk.torch_draws[:_NAMED]]
+    more = len(walk.torch_draws) - _NAMED
+    if more > 0:
+        named.append(f"{more} more such object{'s' if more > 1 else ''}")
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    return [
+        Finding(
+            code="thread-torch-rng",
+            severity=Severity.WARNING,
+            where=walk.torch_draws[0][0],
+            what=f"{listed}, which draw{'s' if len(walk.torch_draws) == 1 else ''} from "
+            "torch's global random generator: one per process, shared by the thread workers",
+            why=_TORCH_WHY,
+            fix=_TORCH_FIX,
+        )
+    ]
+
+
+def _a(what: str) -> str:
+    return what if what.startswith("a ") else f"a {what}"
 
 
 def _handle_finding(path: str, obj: Any) -> Finding | None:

@@ -4,8 +4,9 @@
 ``worker_init_fn`` along :func:`~.paths.held_parts` — attributes, slots,
 container items, closures, defaults, bound methods, ``functools.partial`` —
 naming each part in the one path grammar of :mod:`.paths`, and keeps what the
-checks need: open handles, huge Python containers, tensors, random generators
-and ints held under a file descriptor's name (``.fd``, ``['fileno']``). It is bounded
+checks need: open handles, huge Python containers, tensors, random generators,
+objects known to draw from torch's global generator (:mod:`.torch_draws`) and ints
+held under a file descriptor's name (``.fd``, ``['fileno']``). It is bounded
 (depth, items sampled per container, objects in all), guards cycles, never
 raises, and reads attributes without calling ``__getattr__`` or properties.
 NumPy arrays and tensors are leaves: they are not hazards. A function's globals
@@ -31,6 +32,7 @@ from typing import Any
 
 from .handles import descriptor_name, handle_kind
 from .paths import held_parts
+from .torch_draws import torch_draw_of
 
 __all__ = ["LARGE_CONTAINER", "MAX_DEPTH", "MAX_ITEMS", "MAX_OBJECTS", "Walk", "within"]
 
@@ -55,9 +57,10 @@ class Walk:
     """What ``roots`` (``[("dataset", ds), ...]``) hold, found in one bounded walk.
 
     ``handles``, ``containers`` (more than :data:`LARGE_CONTAINER` items),
-    ``tensors``, ``rngs`` (NumPy's and ``random.Random`` generators) and
-    ``descriptors`` (ints above 2 whose name says file descriptor) list
-    ``(path, object)`` pairs in the order met: shallowest first.
+    ``tensors``, ``rngs`` (NumPy's and ``random.Random`` generators),
+    ``torch_draws`` (objects that draw from torch's global generator: ``(path, object,
+    what it is)``) and ``descriptors`` (ints above 2 whose name says file descriptor)
+    list ``(path, object)`` pairs in the order met: shallowest first.
     """
 
     def __init__(
@@ -70,8 +73,10 @@ class Walk:
         self.containers: list[Child] = []
         self.tensors: list[Child] = []
         self.rngs: list[Child] = []
+        self.torch_draws: list[tuple[str, Any, str]] = []
         self.descriptors: list[Child] = []
         self._kinds: dict[type, int] = {}
+        self._draws: dict[type, str | None] = {}
         seen: dict[int, Any] = {}  # id -> object, kept alive so ids stay unique
         queue: collections.deque[tuple[str, Any, int]] = collections.deque()
         for name, obj in roots:
@@ -117,6 +122,12 @@ class Walk:
                 self.containers.append((path, obj))
         elif kind == _CONTAINER and len(obj) > LARGE_CONTAINER:
             self.containers.append((path, obj))
+        elif kind in (_COMPOUND, _OPAQUE):  # (opaque: pickles itself, under spawn)
+            if type(obj) not in self._draws:
+                self._draws[type(obj)] = torch_draw_of(type(obj))
+            what = self._draws[type(obj)]
+            if what is not None:
+                self.torch_draws.append((path, obj, what))
         return kind
 
 
