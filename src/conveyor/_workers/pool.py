@@ -30,7 +30,7 @@ from .process import Host, Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
 from .start import Starter, modules_to_preload
-from .status import WorkerStatus, read_status, request_stop
+from .status import GONE, WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
 
@@ -289,9 +289,12 @@ class WorkerPool:
         return [None if i in self._let_go else w.pid for i, w in enumerate(self._workers)]
 
     def status(self, worker_id: int) -> WorkerStatus:
-        if worker_id in self._let_go:
-            return WorkerStatus(-1, -1, None, -1, 0.0)  # gone: idle, for the deadlines
-        return read_status(self._workers[worker_id].arena.status_page)
+        """Gone (retired, dead, or killed and dying) reads as idle: the deadlines never
+        count against a worker that is no longer there."""
+        worker = self._workers[worker_id]
+        if worker_id in self._let_go or worker_id in self._dead or worker.pid in self._killed:
+            return GONE
+        return read_status(worker.arena.status_page)
 
     def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
         worker = self._workers[worker_id]

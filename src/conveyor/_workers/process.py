@@ -74,10 +74,9 @@ class Host:
         self.cores = tuple(cores)  # its cores' worker ids
         self.handle = WorkerHandle(process)
         self._open = set(self.cores)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
+        # Kept apart from the process object, which is closed once the process is let go:
+        # statistics() may ask from another thread meanwhile.
+        self.pid: int | None = process.pid
 
     def crash_dump(self) -> str:
         """What faulthandler wrote when a fatal signal ended the process ("" if none)."""
@@ -133,7 +132,7 @@ class Worker:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self.host.pid
 
     def take_releases(self) -> tuple[int, ...]:
         if not self.pending_releases:
