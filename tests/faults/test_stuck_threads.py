@@ -34,11 +34,16 @@ MARGIN_S = 1.5  # a loaded two-core machine: the error may come this much past t
 
 
 class DeadMount:
-    """Samples for which ``stuck(index)`` holds block until the test opens the mount."""
+    """Samples for which ``stuck(index)`` holds block until the test opens the mount.
+    ``first_after_stuck``: sample 0 waits until a thread is stuck (so the batch after the
+    one its worker runs next is stuck first, and longest)."""
 
-    def __init__(self, stuck: Callable[[int], bool], length: int = 64) -> None:
+    def __init__(
+        self, stuck: Callable[[int], bool], length: int = 64, first_after_stuck: bool = False
+    ) -> None:
         self.stuck = stuck
         self.length = length
+        self.first_after_stuck = first_after_stuck
         self.mount = threading.Event()
         self.entered = threading.Event()  # a thread is stuck now
         self.fetched: list[int] = []
@@ -47,6 +52,8 @@ class DeadMount:
         return self.length
 
     def __getitem__(self, index: int) -> int:
+        if index == 0 and self.first_after_stuck:
+            self.entered.wait(30)
         if self.stuck(index):
             self.entered.set()
             self.mount.wait()
@@ -86,11 +93,13 @@ def _time_the_error(it: Iterator[object]) -> tuple[float, WorkerTimeoutError]:
 def test_a_stuck_thread_times_out_naming_the_sample_the_loop_waits_for(
     stuck: str, mounts: list[DeadMount]
 ) -> None:
-    # "all": every sample from 21 on blocks, so each thread ends up stuck; batch 3
-    # ([24, ...]) is stuck before batch 2 ([16, ..., 21, ...]), which the loop waits for.
-    dataset = DeadMount(lambda i: i == 21 if stuck == "one" else i >= 21)
+    # "all": every sample from 21 on blocks, so each thread ends up stuck. Two workers:
+    # batch 3 ([24, ...], worker 1's second) is stuck before worker 0 begins batch 2
+    # ([16, ..., 21, ...]), which the loop then waits for.
+    every = stuck == "all"
+    dataset = DeadMount(lambda i: i >= 21 if every else i == 21, first_after_stuck=every)
     mounts.append(dataset)
-    after, error = _time_the_error(iter(_loader(dataset)))
+    after, error = _time_the_error(iter(_loader(dataset, num_workers=2)))
     assert after < TIMEOUT + MARGIN_S, f"the timeout came {after:.1f} s after the ask"
     text = str(error)
     assert "batch 2 (dataset indices [16, 17, 18, 19, 20, 21, 22, 23])" in text, text
