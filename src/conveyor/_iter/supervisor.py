@@ -61,7 +61,10 @@ class Supervisor:
     def statistics(self, skipped: int) -> LoaderStatistics:
         """``statistics()``: the tally, with what the pool can say of its workers."""
         book, usage = self._book, self._pool.abilities.usage
-        alive = usage.alive() if usage is not None else 0
+        try:  # (asked from any thread: a worker may be being replaced)
+            alive = usage.alive() if usage is not None else 0
+        except Exception:
+            alive = 0
         stats = self._tally.statistics(
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
             tasks=book.tasks.values(), usage=usage, alive=alive,
@@ -89,7 +92,7 @@ class Supervisor:
             case Restart():
                 now = time.monotonic()
                 self._book.restarted(verdict, now)
-                self._tally.restarted(verdict.worker_id, verdict.retried)
+                self._tally.restarted(verdict.worker_id, verdict.retried, died.charged)
                 self.deadlines.count_from(now)  # the replacement gets a whole timeout
                 self._restart(verdict)
                 return True
