@@ -29,7 +29,7 @@ from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
-from .start import Starter, modules_to_preload
+from .start import modules_to_preload
 from .status import GONE, WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
@@ -75,7 +75,6 @@ class WorkerPool:
         # One selector for the pool's life: building one per wait costs more than the wait.
         self._selector = selectors.DefaultSelector()
         self._writing: set[int] = set()  # task pipes registered for writability
-        self._starter = Starter()
         try:
             for first in range(0, len(specs), self._cores):
                 self._start(specs[first : first + self._cores])
@@ -101,7 +100,6 @@ class WorkerPool:
                 specs,
                 self._user,
                 self._setup,
-                self._starter,
                 self._preload,
             )
             for worker in cores:
@@ -393,10 +391,7 @@ class WorkerPool:
             # pool; the workers are not its children. Leave them to their owner.
             return
         with interrupts_deferred():
-            try:
-                self._teardown()
-            finally:
-                self._starter.close()  # the processes it started are gone
+            self._teardown()
 
     def _teardown(self) -> None:
         serving = self._serving()
