@@ -72,9 +72,9 @@ class WorkerPool:
         self._each_start = False  # they must be pickled with each worker's start instead
         self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
+        self._writing: set[int] = set()  # task pipes registered for writability
         # One selector for the pool's life: building one per wait costs more than the wait.
         self._selector = selectors.DefaultSelector()
-        self._writing: set[int] = set()  # task pipes registered for writability
         try:
             for first in range(0, len(specs), self._cores):
                 self._start(specs[first : first + self._cores])
