@@ -2,7 +2,8 @@
 hang a training run. stderr is a real pipe whose reader is gone, or closed; the trace
 goes where it cannot be written, or to a full disk (``/dev/full``). A failure is logged
 once on the ``conveyor`` logger and training goes on; the user's own exception is never
-replaced. (``statistics()`` asked from another thread while a process dies:
+replaced; an autotuner that cannot add a worker keeps the count it has.
+(``statistics()`` asked from another thread while a process dies:
 test_threads_per_worker.py.)
 """
 
@@ -12,8 +13,10 @@ import contextlib
 import importlib.util
 import logging
 import os
+import resource
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,3 +170,35 @@ def test_a_training_script_whose_stderr_reader_is_gone_ends_with_status_0(displa
     out, _ = child.communicate(timeout=60)
     assert child.returncode == 0, out
     assert out.splitlines()[-1] == "trained 20 batches"
+
+
+class Waits:
+    """Each sample waits 4 ms (storage stands in): the autotuner wants more workers."""
+
+    def __len__(self) -> int:
+        return 1200
+
+    def __getitem__(self, i: int) -> int:
+        threading.Event().wait(0.004)
+        return i
+
+
+@pytest.mark.slow  # lets the autotuner measure for a few seconds
+def test_an_autotuner_that_cannot_add_a_worker_keeps_the_count_and_trains(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A real open-file limit, reached once the workers run: the worker the autotuner
+    adds cannot get its pipes (EMFILE). That ended the run; now the count it has is kept."""
+    loader = DataLoader(Waits(), batch_size=8, num_workers="auto", multiprocessing_context="fork")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    seen: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="conveyor"):
+        it = iter(loader)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 2, hard))
+        try:
+            seen += [i for batch in it for i in batch.tolist()]
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert seen == list(range(1200))
+    [said] = _failures(caplog, "num_workers='auto' autotuner")
+    assert "Too many open files" in said

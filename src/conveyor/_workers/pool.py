@@ -333,8 +333,8 @@ class WorkerPool:
         """Start one more worker (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
         assert self._cores == 1, "num_workers='auto' counts processes of one core"
-        self._specs.append(spec)
         self._start([spec])  # appends it, safe from Ctrl-C
+        self._specs.append(spec)  # (once started: a start that fails adds nothing)
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker that has no task left, for good (it is not replaced)."""

@@ -172,13 +172,15 @@ def start_worker(
     try:
         for spec in specs:
             task_reader, task_writer = context.Pipe(duplex=False)
-            result_reader, result_writer = context.Pipe(duplex=False)
-            child_ends += [task_reader, result_writer]
-            arena_fd = create_arena_fd(spec.worker_id)
-            arena = MainArena(arena_fd)
-            mark_starting(arena.status_page)
+            child_ends.append(task_reader)
+            try:
+                result_reader, arena = _results_and_arena(context, spec, child_ends)
+            except BaseException:
+                task_writer.close()
+                raise
             made.append((task_writer, result_reader, arena))
-            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena_fd)))
+            result_writer = child_ends[-1]
+            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena.fd)))
         fds = _ProcessFds.open(specs)
     except BaseException:
         _close_made(made, child_ends)
@@ -203,8 +205,6 @@ def start_worker(
             process.kill()
             process.join()
             process.close()  # its sentinel (a traceback kept in a notebook holds `process`)
-        for _, _, arena in made:
-            arena.drop_maps()  # the status page's map holds a descriptor of its own
         _close_made(made, [])
         fds.close_ours()
         raise
@@ -221,6 +221,27 @@ def start_worker(
         Worker(spec.worker_id, host, task_writer, result_reader, arena)
         for spec, (task_writer, result_reader, arena) in zip(specs, made, strict=True)
     ]
+
+
+def _results_and_arena(
+    context: BaseContext, spec: WorkerSpec, child_ends: list[Connection]
+) -> tuple[Connection, MainArena]:
+    """A core's result pipe (its write end goes to ``child_ends``) and arena; nothing is
+    left open when one of them cannot be made (too many open files, say)."""
+    result_reader, result_writer = context.Pipe(duplex=False)
+    child_ends.append(result_writer)
+    try:
+        arena_fd = create_arena_fd(spec.worker_id)
+        try:
+            arena = MainArena(arena_fd)  # (its map of the status page dups the descriptor)
+        except BaseException:
+            os.close(arena_fd)
+            raise
+    except BaseException:
+        result_reader.close()
+        raise
+    mark_starting(arena.status_page)
+    return result_reader, arena
 
 
 @dataclass
@@ -280,6 +301,7 @@ def _close_made(
     for task_writer, result_reader, arena in made:
         task_writer.close()
         result_reader.close()
+        arena.drop_maps()  # the status page's map holds a descriptor of its own
         arena.close()
     for conn in child_ends:
         conn.close()

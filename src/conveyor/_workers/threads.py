@@ -216,8 +216,9 @@ class ThreadPool:
     def add(self, spec: WorkerSpec) -> None:
         """One more worker thread (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
+        worker = self._new_worker(spec)  # (a thread that cannot start adds nothing)
         self._specs.append(spec)
-        self._workers.append(self._new_worker(spec))
+        self._workers.append(worker)
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker thread that has no task left, for good."""
