@@ -1,5 +1,6 @@
 """Thread workers stuck for good: a thread cannot be killed, yet it must never hang the
-run, delay an error or Ctrl-C, or abort the interpreter's exit.
+run, delay an error or Ctrl-C, or abort the interpreter's exit. (That the batch the
+loop waits for times out first holds for worker processes too: tested here as well.)
 
 Samples block on a real ``threading.Event`` (a dead NFS mount); Ctrl-C is a real SIGINT;
 the exit cases run a real child interpreter. Each test lets its stuck threads go at the
@@ -25,6 +26,7 @@ import pytest
 import conveyor._workers.threads as thread_pool
 from conveyor import DataLoader, WorkerRestartedWarning, WorkerTimeoutError
 from tests.helpers.interrupts import CHILD_ENV
+from tests.helpers.sync import Mailbox, post, wait_posted
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,6 +171,46 @@ def test_on_timeout_restart_stops_abandoning_threads_past_the_cap(
     assert "It was not replaced: 1 thread workers abandoned earlier are still stuck" in str(
         caught.value
     )
+
+
+# --- the same rule for worker processes ------------------------------------------------
+
+
+class DeadMountFrom:
+    """Every sample from ``first`` on blocks for good (a dead network mount); sample 0
+    waits until one is stuck (a post to the mailbox at ``stuck``)."""
+
+    def __init__(self, first: int, stuck: str) -> None:
+        self.first = first
+        self.stuck = stuck
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if index == 0:
+            wait_posted(self.stuck)
+        if index >= self.first:
+            post(self.stuck, str(index))
+            threading.Event().wait()  # nothing sets it: teardown kills the worker
+        return index
+
+
+@pytest.mark.slow  # waits out a timeout, then teardown's grace for the other stuck worker
+def test_with_every_worker_process_stuck_the_batch_waited_for_times_out(
+    tmp_path: Path,
+) -> None:
+    """Batch 3 ([24, ...]: worker 1's second) is stuck before worker 0, held back by
+    sample 0, begins batch 2 ([16, ..., 21, ...]), which the loop then waits for. Batch
+    3's worker was timed out and killed again and again (the loop spun a core and never
+    raised); now batch 2's times out."""
+    with Mailbox(tmp_path / "stuck") as box:
+        loader = DataLoader(
+            DeadMountFrom(21, box.path), batch_size=8, num_workers=2, timeout=1,
+            multiprocessing_context="fork",
+        )  # fmt: skip
+        with pytest.raises(WorkerTimeoutError, match=r"on batch 2 \(dataset indices \[16, 17"):
+            list(loader)
 
 
 # --- the interpreter's exit, in a child interpreter -------------------------------------

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from conveyor import (
     WorkerTimeoutError,
 )
 from conveyor.errors import Culprit
-from tests.helpers.sync import Mailbox, post, wait_exit, wait_posted
+from tests.helpers.sync import Mailbox, post, wait_exit
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -494,38 +493,6 @@ def test_timeout_error_names_worker_batch_stage_and_stack() -> None:
     assert "The worker's current Python stack:" in message
     assert "in _slow_read" in message
     assert "in hangs_on_3" in message
-
-
-class DeadMountFrom:
-    """Every sample from ``first`` on blocks for good (a dead network mount); sample 0
-    waits until one is stuck (a post to the mailbox at ``stuck``)."""
-
-    def __init__(self, first: int, stuck: str) -> None:
-        self.first = first
-        self.stuck = stuck
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, index: int) -> int:
-        if index == 0:
-            wait_posted(self.stuck)
-        if index >= self.first:
-            post(self.stuck, str(index))
-            threading.Event().wait()  # nothing sets it: teardown kills the worker
-        return index
-
-
-@pytest.mark.slow  # waits out a timeout, then teardown's grace for the other stuck worker
-def test_with_every_worker_stuck_the_batch_waited_for_times_out(tmp_path: Path) -> None:
-    """Batch 3 ([24, ...]: worker 1's second) is stuck before worker 0, held back by
-    sample 0, begins batch 2 ([16, ..., 21, ...]), which the loop then waits for. Batch
-    3's worker was timed out and killed again and again (the loop spun a core and never
-    raised); now batch 2's times out."""
-    with Mailbox(tmp_path / "stuck") as box:
-        loader = _loader(DeadMountFrom(21, box.path), batch_size=8, num_workers=2, timeout=1)
-        with pytest.raises(WorkerTimeoutError, match=r"on batch 2 \(dataset indices \[16, 17"):
-            list(loader)
 
 
 @pytest.mark.slow  # waits out a timeout twice (about 3.5 s)

@@ -102,8 +102,7 @@ class MultiprocessIterator:
         if pool_factory is None:
             pool_factory = kinds.pool_factory(config)
         self._pool = pool_factory(config.start_method, user, self._specs)
-        # At once: a Ctrl-C from here on finds the workers to stop (a start cut short here
-        # was left to the garbage collector, which closes no bare descriptor).
+        # At once: a Ctrl-C from here on finds the workers to stop (see _take_charge).
         self._finalizer = weakref.finalize(self, close_in_order, self._pin_ahead, self._pool)
         try:
             self._take_charge(now)
@@ -120,7 +119,9 @@ class MultiprocessIterator:
 
     def _take_charge(self, now: float) -> None:
         """What watches the started workers: the supervisor (deadlines, deaths), who is
-        ready, whether an iterable dataset's workers shard, the epoch's progress."""
+        ready, whether an iterable dataset's workers shard, the epoch's progress. Built
+        once the pool owns its teardown (a start cut short before was left to the garbage
+        collector, which closes no bare descriptor, and left the workers running)."""
         config = self._config
         self._flush = self._pool.abilities.flush
         book, tally = self._book, self._tally

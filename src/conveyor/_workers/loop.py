@@ -76,9 +76,7 @@ def worker_main(
     # multiprocessing.Pool) joins it, and teardown kills the group after us.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
-    parent_watch.die_with_parent(
-        parent_pid, watch.fd if watch is not None else None, main_thread_started
-    )
+    parent_watch.die_with_parent(parent_pid, watch, main_thread_started)
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)

@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 
+from .fds import InheritedFd
+
 __all__ = ["close_watch", "die_with_parent", "open_watch"]
 
 _PR_SET_PDEATHSIG = 1
@@ -66,16 +68,19 @@ os.register_at_fork(after_in_child=_close_inherited_write_ends)
 # --- the worker's side -----------------------------------------------------------------
 
 
-def die_with_parent(parent_pid: int, watch: int | None, main_thread_started: bool) -> None:
+def die_with_parent(
+    parent_pid: int, watch_fd: InheritedFd | None, main_thread_started: bool
+) -> None:
     """Ask the kernel to SIGKILL us when the main process is gone: when the write end of
-    our parent-watch pipe ``watch`` closes, and (``main_thread_started``) when our parent
-    exits (``PR_SET_PDEATHSIG``: under ``forkserver`` the parent is the fork server,
-    which itself exits when the main process does)."""
+    our parent-watch pipe ``watch_fd`` closes, and (``main_thread_started``) when our
+    parent exits (``PR_SET_PDEATHSIG``: under ``forkserver`` the parent is the fork
+    server, which itself exits when the main process does)."""
     if sys.platform != "linux":
         return
     if main_thread_started:
         _set_pdeathsig()
-    if watch is not None:
+    if watch_fd is not None:
+        watch = watch_fd.fd
         fcntl.fcntl(watch, fcntl.F_SETOWN, os.getpid())
         fcntl.fcntl(watch, fcntl.F_SETSIG, signal.SIGKILL)
         flags = fcntl.fcntl(watch, fcntl.F_GETFL)

@@ -185,13 +185,7 @@ def start_worker(
     except BaseException:
         _close_made(made, child_ends)
         raise
-    payload: UserObjects | InheritedFd | PickledWhileSpawning
-    if setup_fd is not None:
-        payload = InheritedFd(os.dup(setup_fd))
-    elif method.pickles_objects:
-        payload = PickledWhileSpawning(user)
-    else:
-        payload = user
+    payload = _payload(method, user, setup_fd)
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
         args=(ends, payload, *fds.for_the_worker()),
@@ -221,6 +215,16 @@ def start_worker(
         Worker(spec.worker_id, host, task_writer, result_reader, arena)
         for spec, (task_writer, result_reader, arena) in zip(specs, made, strict=True)
     ]
+
+
+def _payload(
+    method: StartMethod, user: UserObjects, setup_fd: int | None
+) -> UserObjects | InheritedFd | PickledWhileSpawning:
+    """How the user's objects reach the worker: inherited (fork), or pickled once for
+    every worker into the memfd ``setup_fd``, or else pickled with its start."""
+    if setup_fd is not None:
+        return InheritedFd(os.dup(setup_fd))
+    return PickledWhileSpawning(user) if method.pickles_objects else user
 
 
 def _results_and_arena(
