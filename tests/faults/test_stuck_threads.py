@@ -246,6 +246,26 @@ def test_after_a_stuck_threads_timeout_the_interpreter_exits_at_once(stuck: str)
     assert child.returncode == 1 and "WorkerTimeoutError" in err, err
 
 
+@pytest.mark.slow  # a child interpreter that imports torch
+def test_ctrl_c_with_a_thread_stuck_for_good_ends_the_program_at_once() -> None:
+    """No timeout: the thread is not known to be stuck, yet the program ends on Ctrl-C
+    (close() gave the thread 5 s; the exit now waits for it 1 s at most)."""
+    child = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "ctrl_c_stuck_thread.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV,
+    )  # fmt: skip
+    with child:
+        assert _read_line(child, 60.0) == "stuck\n"
+        interrupted = time.monotonic()
+        _, err = child.communicate(timeout=30)
+        ended = time.monotonic() - interrupted
+    assert child.returncode == -signal.SIGINT, err
+    assert "\nKeyboardInterrupt\n" in err, err
+    assert "without waiting for thread workers still in a sample after Ctrl-C" in err
+    assert "conveyor-worker-0 (batch 2" in err and "self.mount.wait()" in err  # named
+    assert ended < 4.0, f"the program ended {ended:.1f} s after Ctrl-C:\n{err}"
+
+
 @pytest.mark.slow  # a child interpreter that imports torch and runs it for seconds
 @pytest.mark.torch
 def test_a_script_ending_while_threads_run_torch_exits_with_status_0() -> None:

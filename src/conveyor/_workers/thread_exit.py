@@ -15,7 +15,9 @@ stuck, and is left (it may be in a dead network read, where being ended is harml
 Threads already abandoned as stuck are not waited for. Without a ``timeout`` the wait
 has no bound, as ``concurrent.futures`` waits for its threads; after
 :data:`EXIT_NOTICE_S` it says, on the ``conveyor`` logger, which thread it waits for,
-where it is, and how to end the wait (Ctrl-C, or a ``timeout``).
+where it is, and how to end the wait (Ctrl-C, or a ``timeout``). A program ending on
+Ctrl-C (an uncaught ``KeyboardInterrupt``) wants out now: it waits
+:data:`INTERRUPTED_EXIT_S` at most.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .status import MemoryStatus
 __all__ = ["EXIT_NOTICE_S", "abandoned_alive", "finish_at_exit", "track"]
 
 EXIT_NOTICE_S = 5.0  # the exit says what it waits for after this long
+INTERRUPTED_EXIT_S = 1.0  # the most a program ending on Ctrl-C waits for its threads
 logger = logging.getLogger("conveyor")
 
 
@@ -68,14 +71,22 @@ def abandoned_alive() -> int:
     return sum(1 for w in workers if w.abandoned and w.thread.is_alive())
 
 
-def _deadline(worker: ThreadWorker, now: float) -> float | None:
+def _deadline(worker: ThreadWorker, now: float, interrupted: bool) -> float | None:
     """When the exit stops waiting for ``worker`` (None: never): its sample's start plus
-    the loader's timeout."""
+    the loader's timeout; after Ctrl-C, :data:`INTERRUPTED_EXIT_S` at most."""
+    until = now + INTERRUPTED_EXIT_S if interrupted else None
     if not worker.timeout:
-        return None
+        return until
     status = worker.status.read()
     started = now - status.age_s if status.stage is not None else now
-    return started + worker.timeout
+    return min(started + worker.timeout, until or float("inf"))
+
+
+def _ending_on_ctrl_c() -> bool:
+    """The program ends on an uncaught KeyboardInterrupt (the interpreter printed it
+    before its exit, keeping it as ``sys.last_exc``, ``sys.last_value`` before 3.12)."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, KeyboardInterrupt)
 
 
 def finish_at_exit(notice_after: float = EXIT_NOTICE_S) -> None:
@@ -87,8 +98,8 @@ def finish_at_exit(notice_after: float = EXIT_NOTICE_S) -> None:
         return
     for worker in workers:
         worker.stop()
-    now = time.monotonic()
-    deadlines = {id(w): _deadline(w, now) for w in workers}
+    now, interrupted = time.monotonic(), _ending_on_ctrl_c()
+    deadlines = {id(w): _deadline(w, now, interrupted) for w in workers}
     notice_at = now + notice_after
     told = False
     left: list[ThreadWorker] = []
@@ -112,7 +123,7 @@ def finish_at_exit(notice_after: float = EXIT_NOTICE_S) -> None:
         )
         return
     if left:
-        logger.warning(_left_notice(left))
+        logger.warning(_left_notice(left, interrupted))
 
 
 def _where(worker: ThreadWorker) -> str:
@@ -138,12 +149,15 @@ def _waiting_notice(workers: list[ThreadWorker]) -> str:
     )
 
 
-def _left_notice(workers: list[ThreadWorker]) -> str:
+def _left_notice(workers: list[ThreadWorker], interrupted: bool) -> str:
     names = "\n".join(_where(w) for w in workers)
+    why = (
+        "still in a sample after Ctrl-C" if interrupted else "stuck past their DataLoader's timeout"
+    )
     return (
-        "conveyor: the interpreter exits without waiting for thread workers stuck past "
-        "their DataLoader's timeout (a thread cannot be killed; if one returns into a C "
-        f"extension while the interpreter ends, the process may abort):\n{names}"
+        f"conveyor: the interpreter exits without waiting for thread workers {why} (a "
+        "thread cannot be killed; if one returns into a C extension while the interpreter "
+        f"ends, the process may abort):\n{names}"
     )
 
 
