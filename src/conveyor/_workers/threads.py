@@ -147,6 +147,13 @@ class _Worker:
         """Running the user's code (a task, or start-up and worker_init_fn)."""
         return self.thread.is_alive() and self.status.read().stage is not None
 
+    def stuck(self) -> bool:
+        """Abandoned, or running one task past the loader's timeout: nothing waits for it."""
+        if self.abandoned:
+            return True
+        status = self.status.read()
+        return bool(self.timeout) and status.stage is not None and status.age_s >= self.timeout
+
     def _run(self) -> None:
         outbox = _Outbox(self, self._events)
         try:
@@ -234,8 +241,8 @@ class ThreadPool:
     def close(self) -> None:
         """Ask every thread to stop after its task. An idle one ends at once and is
         joined; one still in a sample gets :data:`CLOSE_JOIN_S` (all together) and is
-        then left to finish it (the exit waits for it: thread_exit.py); an abandoned
-        one is not waited for at all."""
+        then left to finish it (the exit waits for it: thread_exit.py); a stuck one
+        (abandoned, or past the timeout) is not waited for at all."""
         if self._closed:
             return
         self._closed = True
@@ -243,7 +250,7 @@ class ThreadPool:
             worker.stop()
         busy_until = time.monotonic() + CLOSE_JOIN_S
         for worker in self._workers:
-            if worker.abandoned or worker.thread is threading.current_thread():
+            if worker.stuck() or worker.thread is threading.current_thread():
                 continue
             if worker.in_sample():
                 worker.thread.join(max(0.0, busy_until - time.monotonic()))
