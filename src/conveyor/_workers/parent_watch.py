@@ -55,7 +55,10 @@ def close_watch(write: int) -> None:
 
 def _close_inherited_write_ends() -> None:
     """A forked child holds copies of the write ends: they must not keep other
-    processes' workers alive after the main process is gone."""
+    processes' workers alive after the main process is gone. (The lock, which another
+    thread may have held at the fork, starts afresh.)"""
+    global _lock
+    _lock = threading.Lock()
     for fd in _write_ends:
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -161,4 +162,13 @@ def _left_notice(workers: list[ThreadWorker], interrupted: bool) -> str:
     )
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of this process's threads; the lock, which one of them
+    may have held at the fork, starts afresh."""
+    global _lock, _workers
+    _lock = threading.Lock()
+    _workers = weakref.WeakSet()
+
+
 atexit.register(finish_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import io
 import logging
 import os
 import sys
@@ -99,36 +100,39 @@ class ProgressLine:
 
 def _new_bar(total: int | None) -> Any:
     tqdm = importlib.import_module("tqdm.auto").tqdm
-    return tqdm(total=total, unit="batch", desc="conveyor", leave=False, file=STDERR)
+    return tqdm(total=total, unit="batch", desc="conveyor", leave=False, file=_stderr())
 
 
-class _Stderr:
-    """The process's stderr, as the display writes to it: through its descriptor, so a
-    write that fails (its reader gone) leaves nothing in ``sys.stderr``'s buffer to fail
-    again at the next flush (multiprocessing flushes it at every fork). Raises OSError
-    when stderr is closed or its reader gone (the callers are guarded: failsafe.py)."""
+class _ByDescriptor:
+    """The interpreter's own stderr, written through its descriptor, so a write that
+    fails (its reader gone) leaves nothing in ``sys.stderr``'s buffer to fail again at
+    the next flush (multiprocessing flushes it at every fork)."""
+
+    def __init__(self, stream: io.TextIOWrapper) -> None:
+        self._stream = stream
 
     def write(self, text: str) -> int:
-        stream = sys.stderr
-        if stream is None:  # started with stderr closed: nowhere to show it
-            raise OSError("stderr is closed")
-        try:
-            fd = stream.fileno()
-        except (AttributeError, OSError, ValueError):  # not a file (captured, a StringIO)
-            written = stream.write(text)
-            stream.flush()
-            return written
-        stream.flush()  # what is written already goes first
-        data = text.encode(getattr(stream, "encoding", None) or "utf-8", "replace")
+        self._stream.flush()  # what is written already goes first
+        data = text.encode(self._stream.encoding or "utf-8", "replace")
         while data:
-            data = data[os.write(fd, data) :]
+            data = data[os.write(self._stream.fileno(), data) :]
         return len(text)
 
     def flush(self) -> None:
         pass  # every write went out whole
 
 
-STDERR = _Stderr()
+def _stderr() -> Any:
+    """Where the display writes: stderr, through its descriptor where it is the
+    interpreter's own (a terminal, a pipe, a file), else as it is (a notebook's stream,
+    which tqdm draws a widget for; a capture). Raises OSError when stderr is closed (the
+    callers are guarded: failsafe.py)."""
+    stream = sys.stderr
+    if stream is None:  # started with stderr closed: nowhere to show it
+        raise OSError("stderr is closed")
+    if type(stream) is io.TextIOWrapper:
+        return _ByDescriptor(stream)
+    return stream
 
 
 def say(text: str) -> None:
@@ -138,4 +142,6 @@ def say(text: str) -> None:
     if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
         logger.info(text)
         return
-    STDERR.write(f"conveyor: {text}\n")
+    stream = _stderr()
+    stream.write(f"conveyor: {text}\n")
+    stream.flush()
