@@ -106,7 +106,8 @@ class SupervisionPolicy:
       times the workers' typical time per batch, so slow-but-steady datasets
       are not flagged.
     * ``on_timeout``: when ``timeout`` expires, ``"raise"`` (torch) or
-      ``"restart"``: kill the stuck worker and retry its tasks.
+      ``"restart"``: replace the stuck worker (a process is killed, a thread abandoned)
+      and retry its tasks.
     """
 
     max_worker_restarts: int = 3
@@ -250,15 +251,6 @@ class LoaderConfig:
         """An iterable dataset's shards, or a dataset's own state, follow the worker count:
         ``num_workers="auto"`` chooses it once and keeps it."""
         return self.iterable or self.dataset_keeps_state
-
-    def __post_init__(self) -> None:
-        if self.in_threads and self.policy.on_timeout == "restart":
-            raise ConfigError(
-                "on_timeout='restart' cannot work with worker_method='thread': a thread stuck "
-                "in a sample cannot be killed, so it could not be restarted. Use "
-                "on_timeout='raise' (the error names the sample and shows the thread's "
-                "stack), or worker_method='multiprocessing' to have stuck workers restarted."
-            )
 
     @property
     def info_method(self) -> str:

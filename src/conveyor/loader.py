@@ -34,7 +34,7 @@ from .dataset import is_iterable_dataset
 from .diagnostics.preflight import run_automatic, warn_at_construction
 from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
 from .observe.autotune import auto_workers
-from .observe.trace import Tracer
+from .observe.trace import Tracer, recording
 from .observe.verdict import Verdict, diagnose
 from .records import LoaderStatistics, SkippedSample
 from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
@@ -459,13 +459,14 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         """``with loader.trace("run.json"): ...``: record every stage of every batch
         loaded meanwhile, per worker and in the main process, and write them at the end
         as Trace Event JSON (open it in ui.perfetto.dev or chrome://tracing, or draw it
-        with ``conveyor trace-plot run.json``)."""
-        tracer = self._history.tracer = Tracer()
-        try:
+        with ``conveyor trace-plot run.json``). A path that cannot be written raises
+        here, before the block; the trace is written even if the block raises."""
+
+        def attach(tracer: Tracer | None) -> None:
+            self._history.tracer = tracer
+
+        with recording(path, attach) as tracer:
             yield tracer
-        finally:
-            self._history.tracer = None
-            tracer.write(path)
 
     @property
     def skipped_samples(self) -> tuple[SkippedSample, ...]:

@@ -43,6 +43,8 @@ class WorkerStatistics:
     pid: int | None
     batches: int
     samples: int
+    # Times this worker was restarted: a worker in a process of threads
+    # (threads_per_worker) is restarted with its process, whichever core's doing it was.
     restarts: int
     samples_per_s: float  # over this worker's lifetime in the current iterator
     busy_share: float = 0.0  # of the epoch's wall time, the share it spent on tasks
@@ -111,7 +113,11 @@ class LoaderStatistics:
     epoch: int
     batches: int  # handed out in this epoch
     samples: int
-    worker_restarts: int  # over the iterator's life (persistent workers: all epochs)
+    # Worker deaths replaced, one per process that died (its cores die with it: see
+    # WorkerStatistics.restarts), over the iterator's life (persistent workers: all
+    # epochs); max_worker_restarts counts the same deaths, bar those proven to be a
+    # sample's doing under on_error="skip" (max_errors pays for those).
+    worker_restarts: int
     tasks_retried: int
     samples_skipped: int
     in_flight: tuple[InFlightTask, ...]

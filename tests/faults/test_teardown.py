@@ -249,7 +249,7 @@ def test_keeping_every_batch_falls_back_to_the_pipe_then_frees_all(
 
 
 @contextlib.contextmanager
-def _child_in_its_own_group(start_method: str) -> Iterator[subprocess.Popen[str]]:
+def _child_in_its_own_group(start_method: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     """The slow-loader script as a terminal job: its own process group.
 
     However the test ends, the whole group is killed, the child reaped and both of its
@@ -258,7 +258,7 @@ def _child_in_its_own_group(start_method: str) -> Iterator[subprocess.Popen[str]
     whatever test is running then.
     """
     child = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "slow_loader.py"), start_method],
+        [sys.executable, str(SCRIPTS / "slow_loader.py"), start_method, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -302,10 +302,14 @@ def test_ctrl_c_gives_one_keyboard_interrupt_and_stops_workers(start_method: str
     assert not survivors, "workers outlived Ctrl-C:\n" + leaks.describe(survivors)
 
 
+@pytest.mark.parametrize("started_in", ["main", "thread"])
 def test_killed_main_process_takes_its_workers_along(
-    start_method: str, leak_check: leaks.LeakSnapshot
+    start_method: str, started_in: str, leak_check: leaks.LeakSnapshot
 ) -> None:
-    with _child_in_its_own_group(start_method) as child:
+    # "thread": workers started by a thread other than the main one die through their
+    # parent-watch pipes alone (PR_SET_PDEATHSIG follows the thread that forked).
+    args = ("thread",) if started_in == "thread" else ()
+    with _child_in_its_own_group(start_method, *args) as child:
         workers = _read_worker_pids(child)
         # Everything the child started: workers, and a fork server or resource tracker.
         descendants = psutil.Process(child.pid).children(recursive=True)
@@ -411,14 +415,16 @@ def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None
 
 
 @pytest.mark.slow  # spawn, as the conftest does with spawn variants: CI runs -m slow
-@pytest.mark.parametrize("when", ["preparing", "spawning", "starting"])
+@pytest.mark.parametrize("when", ["preparing", "spawning", "supervising", "starting"])
 def test_ctrl_c_during_spawn_start_up_leaves_nothing_behind(when: str, tmp_path: Path) -> None:
     # "preparing": a real SIGINT the moment the first worker's pipes and shared memory
     # exist, before its process is started (those were left open: the start of a worker
     # was safe from Ctrl-C only inside Process.start); "spawning": the moment the first
-    # worker process exists, before it got its instructions; "starting": while iter()
-    # waits for workers still in worker_init_fn. The program keeps the KeyboardInterrupt,
-    # traceback and all.
+    # worker process exists, before it got its instructions; "supervising": the moment
+    # every worker is started, before the loop took charge of them (Ctrl-C about 0.3 s
+    # into a start-up on a busy machine: a stack pipe was left open, and the workers ran
+    # until exit); "starting": while iter() waits for workers still in worker_init_fn.
+    # The program keeps the KeyboardInterrupt, traceback and all.
     left, stderr = _run_script("interrupted_startup.py", "spawn", when, str(tmp_path))
     assert left == {"caught": 1, "frames": True, "alive": [], "fds": []}, stderr
 

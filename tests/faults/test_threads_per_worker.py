@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from conveyor import DataLoader, WorkerRestartedWarning, WorkerTimeoutError
+from conveyor import DataLoader, LoaderStatistics, WorkerRestartedWarning, WorkerTimeoutError
+from conveyor._workers import pool as pool_module
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -144,3 +146,68 @@ def test_a_kill_from_outside_ends_every_core_and_is_charged_once(
     samples, said = _run(dataset, start_method, max_worker_restarts=1)
     assert samples == list(range(N))
     assert said and all("SIGKILL" in text for text in said)
+
+
+class KilledTwice:
+    """Samples 9 and 15 (sent once iter() has returned) each kill their process once (a
+    real SIGKILL, as the OOM killer sends): the markers in ``marker_dir`` say it did."""
+
+    def __init__(self, marker_dir: str) -> None:
+        self.marker_dir = marker_dir
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        if i in (9, 15):
+            try:
+                os.close(os.open(f"{self.marker_dir}/{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return i
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+
+def test_statistics_from_another_thread_while_a_killed_process_is_replaced(
+    start_method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``statistics()`` asked from another thread just as a killed process of 4 cores is
+    replaced answers (it raised "process object is closed"); ``worker_restarts`` counts
+    process deaths, as ``max_worker_restarts`` charges them (it said 8 for 2)."""
+    replacing, answered = threading.Event(), threading.Event()
+    answers: list[object] = []
+    start_worker = pool_module.start_worker
+    starts: list[int] = []
+
+    def start_worker_slowly(*args: Any, **kwargs: Any) -> Any:
+        starts.append(1)
+        if len(starts) == 2:  # the first replacement: its old cores are let go already
+            replacing.set()
+            answered.wait(30)
+        return start_worker(*args, **kwargs)
+
+    def ask() -> None:
+        replacing.wait(30)
+        try:
+            answers.append(loader.statistics())
+        except Exception as error:
+            answers.append(error)
+        answered.set()
+
+    monkeypatch.setattr(pool_module, "start_worker", start_worker_slowly)
+    loader = DataLoader(
+        KilledTwice(str(tmp_path)), batch_size=1, num_workers=1, threads_per_worker=4,
+        max_worker_restarts=2, multiprocessing_context=start_method, preflight=False,
+        run_ahead=False,  # index 9 is sent only once a batch is handed out
+    )  # fmt: skip
+    asker = threading.Thread(target=ask)  # (blocked on an Event: safe to fork beside)
+    asker.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkerRestartedWarning)
+        samples = [i for batch in loader for i in batch.tolist()]
+    asker.join()
+    assert samples == list(range(N))
+    assert len(answers) == 1 and isinstance(answers[0], LoaderStatistics), answers
+    stats = loader.statistics()
+    assert stats is not None and stats.worker_restarts == 2
+    assert [w.restarts for w in stats.workers] == [2, 2, 2, 2]  # each core, with its process

@@ -3,7 +3,7 @@
 Prepares one loader four ways and writes, per process and per way: the sample ids each
 step saw, whether accelerate synchronised the gradients at each step (gradient
 accumulation of 4 over an epoch of 10 batches), which loader did the loading, and the
-warnings preparing gave:
+warnings of conveyor's that preparing and the epochs gave:
 
 - ``torch``: torch's loader, through accelerate's ``prepare`` (the reference);
 - ``function``: a conveyor loader through ``conveyor.integrations.accelerate.prepare``;
@@ -86,11 +86,12 @@ if __name__ == "__main__":
     report: dict[str, Any] = {}
     for way in ("torch", "function", "subclass", "plain"):
         torch.manual_seed(0)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught:  # preparing, and the epochs
             warnings.simplefilter("always")
             loader = prepared(way, accelerator, plain, torch.nn.Linear(1, 1))
+            epochs = [epoch(accelerator, loader, model) for _ in range(2)]
         report[way] = {
-            "epochs": [epoch(accelerator, loader, model) for _ in range(2)],
+            "epochs": epochs,
             **describe(loader),
             "warnings": [
                 {

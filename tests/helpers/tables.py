@@ -37,7 +37,7 @@ class Loop:
             self.book.give_up(verdict.error, verdict.place)
             return None
         self.book.restarted(verdict, now)
-        self.tally.restarted(verdict.worker_id, verdict.retried)
+        self.tally.restarted(verdict.worker_id, verdict.retried, death.charged)
         self.deadlines.count_from(now)
         return verdict
 

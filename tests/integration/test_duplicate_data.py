@@ -121,6 +121,55 @@ def test_ranks_with_a_distributed_sampler_are_not_warned(two_ranks: None, method
     assert _duplicates(record) == []
 
 
+class EveryOtherBatch:
+    """A batch sampler that shards in its own way, and says nothing of it: this rank's
+    half of the batches (of ``batch_size``, as torch's batch samplers say)."""
+
+    batch_size = 2
+
+    def __init__(self, rank: int, ranks: int) -> None:
+        self.rank, self.ranks = rank, ranks
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = [[i, i + 1] for i in range(0, 8, 2)]
+        return iter(batches[self.rank :: self.ranks])
+
+    def __len__(self) -> int:
+        return 4 // self.ranks
+
+
+@pytest.mark.torch
+def test_ranks_sharded_by_accelerates_batch_sampler_are_not_warned(two_ranks: None) -> None:
+    """accelerate's documented path: its BatchSamplerShard shards the batches, while the
+    loader's sampler stays a SequentialSampler (every rank was warned)."""
+    accelerate = pytest.importorskip("accelerate.data_loader", reason="needs accelerate")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    batches = BatchSampler(SequentialSampler(range(8)), batch_size=2, drop_last=False)
+    shard = accelerate.BatchSamplerShard(batches, num_processes=2, process_index=0)
+    loader = DataLoader(list(range(8)), batch_sampler=shard, num_workers=2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert [b.tolist() for b in loader] == [[0, 1], [4, 5]]
+    assert _duplicates(record) == []
+
+
+@pytest.mark.torch
+def test_ranks_that_yield_one_share_each_are_not_warned(two_ranks: None) -> None:
+    loader = DataLoader(list(range(8)), batch_sampler=EveryOtherBatch(0, 2), num_workers=2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert [b.tolist() for b in loader] == [[0, 1], [4, 5]]
+    assert _duplicates(record) == []
+
+
+@pytest.mark.torch
+def test_a_batch_sampler_that_does_not_shard_is_named(two_ranks: None) -> None:
+    loader = DataLoader(list(range(8)), batch_sampler=EveryOtherBatch(0, 1), num_workers=2)
+    with pytest.warns(DuplicateDataWarning, match=r"batch sampler \(EveryOtherBatch\)"):
+        list(loader)
+
+
 def test_no_process_group_no_warning() -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

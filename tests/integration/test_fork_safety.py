@@ -1,10 +1,11 @@
 """No thread of conveyor's outlives its need, so later forks copy a one-thread process.
 
-Workers first started from a thread other than the main one are started from a
-thread of their pool's (see ``_workers/start.py``), which goes with the pool; the pin
-thread goes with its epoch. Python 3.12+ warns at a fork in a process with other
-threads; that check runs in a clean process, where nothing else (a test's own threads,
-the "error" filter, under which CPython drops this warning) is in the way.
+Workers first started from a thread other than the main one are started from that
+thread and need no thread of conveyor's to die with this process (see
+``_workers/parent_watch.py``); the pin thread goes with its epoch. Python 3.12+ warns
+at a fork in a process with other threads; that check runs in a clean process, where
+nothing else (a test's own threads, the "error" filter, under which CPython drops this
+warning) is in the way.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def test_workers_started_from_a_thread_leave_no_thread_behind(persistent: bool) 
         multiprocessing_context="fork",
     )  # fmt: skip
     assert _in_a_thread(loader) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    if persistent:  # the workers live on, and so must the thread that started them
-        assert conveyor_threads() == ["conveyor-process-starter"]
+    # The workers live on (persistent), yet no thread of conveyor's does: they die with
+    # this process through their parent-watch pipes, whatever thread started them.
+    assert conveyor_threads() == []
+    if persistent:
         assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
         del loader
     assert conveyor_threads() == []
@@ -52,7 +55,12 @@ def test_workers_started_from_a_thread_leave_no_thread_behind(persistent: bool) 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="Python 3.12+ warns of such forks")
 @pytest.mark.parametrize(
     "scenario",
-    ["first_epoch_in_a_thread", "persistent_workers_started_in_a_thread", "pinned_epochs"],
+    [
+        "first_epoch_in_a_thread",
+        "persistent_workers_started_in_a_thread",
+        "persistent_loader_alive_after_a_thread_started_it",
+        "pinned_epochs",
+    ],
 )
 def test_later_forks_are_forks_of_a_single_threaded_process(scenario: str) -> None:
     assert _fork_warnings(scenario) == []

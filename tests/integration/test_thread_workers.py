@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import conveyor
-import conveyor._workers.threads
 from conveyor import (
     ConfigError,
     DataLoader,
@@ -180,11 +179,6 @@ def test_per_worker_resources_are_per_thread() -> None:
     assert len(pairs) == 3  # ... used by that worker alone
 
 
-def test_on_timeout_restart_is_refused_at_construction() -> None:
-    with pytest.raises(ConfigError, match="cannot be killed"):
-        _loader(Numbers(), timeout=5, on_timeout="restart")
-
-
 def test_multiprocessing_context_is_refused_with_threads() -> None:
     with pytest.raises(ConfigError, match="no meaning with worker_method='thread'"):
         _loader(Numbers(), multiprocessing_context="spawn")
@@ -205,14 +199,6 @@ class Hangs:
         return i
 
 
-@pytest.fixture
-def brief_stop_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loader's teardown gives a stuck thread 5 s to finish; these tests release
-    theirs themselves, once the error is raised (and that teardown over)."""
-    monkeypatch.setattr(conveyor._workers.threads, "STOP_GRACE_S", 0.1)
-
-
-@pytest.mark.usefixtures("brief_stop_grace")
 def test_a_hung_thread_is_reported_with_its_stack() -> None:
     """The stall warning (at 0.3 s) comes while the loop waits, before the timeout."""
     dataset = Hangs()
@@ -227,7 +213,6 @@ def test_a_hung_thread_is_reported_with_its_stack() -> None:
     assert "__getitem__" in text and "self.release.wait(60)" in text  # the thread's stack
 
 
-@pytest.mark.usefixtures("brief_stop_grace")
 def test_a_timeout_names_the_sample_and_shows_the_threads_stack() -> None:
     dataset = Hangs()
     loader = _loader(dataset, batch_size=2, num_workers=2, timeout=0.5)

@@ -11,7 +11,7 @@ from conveyor._iter.crashes import Restart
 from conveyor._iter.deadlines import Busy, Stalled, TimedOut
 from conveyor._iter.steps import Handout
 from conveyor._workers.protocol import BatchDone, Stage
-from conveyor._workers.status import WorkerStatus
+from conveyor._workers.status import GONE, WorkerStatus
 from conveyor.errors import WorkerTimeoutError
 
 
@@ -145,3 +145,44 @@ def test_no_limit_no_deadline() -> None:
     assert not world.deadlines.watching
     assert world.deadlines.next_deadline(0.0, [busy(0, 0, 1e6)]) is None
     assert world.deadlines.overdue(1e6, [busy(0, 0, 1e6)]) == []
+
+
+def test_of_several_stuck_tasks_the_one_the_loop_waits_for_times_out_first() -> None:
+    """Batch 3 has been stuck longer, but the loop waits for batch 2: its error is the one
+    to raise now (batch 3's would wait behind batch 2 for ever)."""
+    world = loop(workers=4, prefetch=1, timeout=5)
+    dispatch(world.book, batches(4))
+    world.reply(0)
+    world.reply(1)
+    assert step_kinds(world.book, 3) == [0, 1, "Wait"]
+    [timed_out] = world.overdue(10.0, [busy(2, 2, 5.5), busy(3, 3, 9.0)])
+    assert isinstance(timed_out, TimedOut) and (timed_out.worker_id, timed_out.place) == (2, 2)
+    assert step_kinds(world.book, 1) == ["GiveUp"]
+
+
+def test_a_stuck_worker_that_was_ended_is_not_timed_out_again() -> None:
+    """Killed or abandoned, it reads as gone until replaced: no second verdict, and the
+    loop's wait is bounded by the others only (no busy loop)."""
+    world = loop(workers=2, timeout=5)
+    dispatch(world.book, batches(3))  # worker 0 holds batches 0 and 2, worker 1 batch 1
+    world.reply(0)
+    assert step_kinds(world.book, 1) == [0]
+    world.deadlines.count_from(5.0)  # the user asked for batch 1 then
+    [first] = world.overdue(6.0, [busy(0, 2, 6.0), busy(1, 1, 1.0)])
+    assert first.worker_id == 0
+    gone = Busy(0, 4000, GONE)
+    assert world.overdue(7.0, [gone, busy(1, 1, 2.0)]) == []
+    assert world.deadlines.next_deadline(7.0, [gone, busy(1, 1, 2.0)]) == pytest.approx(3.0)
+
+
+def test_past_the_cap_on_abandoned_threads_a_timeout_raises_saying_why() -> None:
+    world = loop(timeout=5, on_timeout="restart")
+    world.deadlines.ends_stuck = "abandoned"
+    dispatch(world.book, batches(2))
+    [restart] = world.deadlines.overdue(6.0, [busy(0, 0, 6.0)])
+    assert isinstance(restart, TimedOut) and restart.reason is not None
+    assert "so conveyor abandoned it (a thread cannot be killed" in restart.reason
+    world.deadlines.no_replacement = "16 abandoned threads are still stuck."
+    [raised] = world.deadlines.overdue(6.0, [busy(0, 0, 6.0)])
+    assert isinstance(raised, TimedOut) and raised.reason is None and raised.error is not None
+    assert str(raised.error).endswith("It was not replaced: 16 abandoned threads are still stuck.")

@@ -20,7 +20,7 @@ from tests.unit.test_loop import Numbers, _prepared, flat, loader, run
 from conveyor import DataLoader
 from conveyor._iter.multiprocess import MultiprocessIterator
 from conveyor._iter.pin_ahead import THREAD_NAME, PinAhead
-from conveyor._workers.start import Starter
+from conveyor._workers.start import start_process
 from conveyor.config import StartMethod
 from conveyor.diagnostics.fork_hazards import running_threads
 
@@ -235,14 +235,12 @@ def test_a_fork_waits_for_the_pin_in_flight() -> None:
     child = multiprocessing.get_context("fork").Process(
         target=lambda: sys.exit(0 if pin.finished else 1)
     )
-    starter = Starter()
-    forker = threading.Thread(target=starter.start, args=(StartMethod("fork"), child))
+    forker = threading.Thread(target=start_process, args=(StartMethod("fork"), child))
     forker.start()
     assert asked.wait(10)  # the fork waits for the gate...
     assert child.pid is None  # ...and has not happened
     pin.release.set()
     forker.join()
-    starter.close()
     child.join(10)
     assert child.exitcode == 0
     assert stage.take(key) == (True, [7])

@@ -565,9 +565,9 @@ def test_walk_sees_slots_partials_and_cursors(sqlite_file: sqlite3.Connection) -
 @pytest.mark.parametrize(
     ("open_now", "severity"),
     [
-        (900, Severity.ERROR),  # 900 + 7 x 32 + 1 > 1024: the running workers do not fit
-        (799, Severity.WARNING),  # 799 + 7 x 32 + 1 = 1024 fits, with no margin left
-        (784, None),  # 784 + 7 x 32 + 16 = 1024: fits with the margin
+        (900, Severity.ERROR),  # 900 + 8 x 32 + 1 > 1024: the running workers do not fit
+        (767, Severity.WARNING),  # 767 + 8 x 32 + 1 = 1024 fits, with no margin left
+        (752, None),  # 752 + 8 x 32 + 16 = 1024: fits with the margin
     ],
 )
 def test_low_open_file_limit(

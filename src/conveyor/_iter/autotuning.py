@@ -16,11 +16,14 @@ import time
 from .._workers.api import Pool
 from .._workers.core import WorkerSpec
 from ..diagnostics.environment import available_memory
+from ..observe import failsafe
 from ..observe.autotune import Autotuner
 from ..observe.progress import logger
 from .book import TaskBook
 from .crashes import CrashJudge
 from .tally import Tally
+
+TUNER = "num_workers='auto' autotuner"  # its name for failsafe.py
 
 
 class WorkerCount:
@@ -55,7 +58,12 @@ class WorkerCount:
         return tuple(notes)
 
     def after_batch(self) -> None:
-        """A batch was handed out: stop drained workers, and decide at a window's end."""
+        """A batch was handed out: stop drained workers, and decide at a window's end. A
+        failure of the tuner's own is logged once and the count it has is kept: it never
+        ends the training run (observe/failsafe.py)."""
+        failsafe.guarded(TUNER, self._after_batch)
+
+    def _after_batch(self) -> None:
         for worker_id in [w for w in self._leaving if self._book.drained(w)]:
             self._leaving.discard(worker_id)
             resize = self._pool.abilities.resize
@@ -100,10 +108,11 @@ class WorkerCount:
         resize = self._pool.abilities.resize
         if resize is None:
             return
-        worker_id = self._book.add_worker()
+        worker_id = self._book.num_workers
         spec = dataclasses.replace(self._specs[0], worker_id=worker_id, num_workers=worker_id + 1)
+        resize.add(spec)  # first: a start that fails leaves the book as it was
+        self._book.add_worker()
         self._specs.append(spec)
-        resize.add(spec)
         self._judge.add_worker()
         self._tally.add_worker(now, self._pool.abilities.usage)
 

@@ -11,6 +11,10 @@ tests/unit/test_deadlines.py tables its rules.
 * ``timeout`` is torch's "no batch for N seconds", counted from when the user
   asks for a batch at the earliest; besides, a task running past ``timeout`` is
   stuck.
+* Of several tasks stuck past ``timeout``, the one the loop waits for is timed
+  out first: its error is the next to raise (a later task's would wait behind it).
+  A worker the loop killed or abandoned reads as gone (idle since now) until it is
+  replaced, so the same verdict never comes twice.
 * A task running longer than the stall threshold, ``max(stall_warning, 10 *
   the workers' own time per batch)``, is reported once per time it is sent; so
   is a worker idle that long with a task waiting for it (frozen: SIGSTOP, a
@@ -63,11 +67,23 @@ Overdue = Stalled | TimedOut
 
 class Deadlines:
     def __init__(
-        self, book: TaskBook, policy: SupervisionPolicy, *, timeout: float = 0, now: float = 0.0
+        self,
+        book: TaskBook,
+        policy: SupervisionPolicy,
+        *,
+        timeout: float = 0,
+        now: float = 0.0,
+        ends_stuck: str = "killed",
     ) -> None:
+        """``ends_stuck``: what ending a stuck worker does to it, in words ("killed" a
+        process; "abandoned" a thread, which cannot be killed)."""
         self._book = book
         self.policy = policy
         self.timeout = timeout
+        self.ends_stuck = ends_stuck
+        # Why no stuck worker can be replaced now (on_timeout="restart"), or None: the
+        # loop says so before each query (too many abandoned threads still stuck).
+        self.no_replacement: str | None = None
         self._counting_from = now
         self._reported: set[tuple[int, int, int]] = set()  # (epoch, seq, sends) of stalls told
 
@@ -124,16 +140,17 @@ class Deadlines:
         return max(0.0, min(wakes))
 
     def overdue(self, now: float, workers: list[Busy]) -> list[Overdue]:
-        """The timed-out worker, if any (the one running longest past ``timeout``,
-        else the one holding the batch waited for when no batch came for
-        ``timeout`` seconds); otherwise the tasks past the stall threshold, running
-        or not started, not reported yet."""
+        """The timed-out worker, if any (of those running past ``timeout``, the one
+        holding the batch the loop waits for, else the one running longest; else the
+        one holding the batch waited for when no batch came for ``timeout`` seconds);
+        otherwise the tasks past the stall threshold, running or not started, not
+        reported yet."""
         book = self._book
         running = [w for w in workers if w.status.stage is not None]
         if self.timeout:
             stuck = [b for b in running if b.status.age_s >= self.timeout]
             if stuck:
-                return [self._timed_out(max(stuck, key=lambda b: b.status.age_s))]
+                return [self._timed_out(self._most_urgent(stuck))]
             waited = book.waited_for()
             quiet_s = now - self.last_progress
             if waited is not None and quiet_s >= self.timeout:
@@ -157,6 +174,16 @@ class Deadlines:
             report = messages.not_started_report(idle, entry.seq, entry.indices, book.batch_time)
             found.append(Stalled(idle.worker_id, entry.seq, report))
         return found
+
+    def _most_urgent(self, stuck: list[Busy]) -> Busy:
+        """The stuck worker whose error raises first: the one holding the batch the loop
+        waits for; else the one stuck longest."""
+        waited = self._book.waited_for()
+        for busy in stuck:
+            status = busy.status
+            if waited is not None and (status.epoch, status.seq) == (self._book.epoch, waited.seq):
+                return busy
+        return max(stuck, key=lambda b: b.status.age_s)
 
     def _attempt(self, entry: Entry) -> tuple[int, int, int]:
         return (self._book.epoch, entry.seq, entry.sends)
@@ -183,10 +210,13 @@ class Deadlines:
             doing = messages.doing(status, entry is not None, entry.indices if entry else ())
             doing += f" for {status.age_s:.1f} s"
             stage = status.stage.value if status.stage is not None else "idle"
+        if self.policy.on_timeout == "restart" and self.no_replacement is None:
+            return TimedOut(worker_id, messages.stuck_reason(stage, self.timeout, self.ends_stuck))
+        text = messages.timeout_text(self.timeout, busy, doing, stage, book.batch_time)
         if self.policy.on_timeout == "restart":
-            return TimedOut(worker_id, messages.stuck_reason(stage, self.timeout))
+            text += f" It was not replaced: {self.no_replacement}"
         error = WorkerTimeoutError(
-            messages.timeout_text(self.timeout, busy, doing, stage, book.batch_time),
+            text,
             worker_id=worker_id,
             pid=busy.pid,
             indices=entry.indices if entry is not None else (),

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,13 @@ from ..config import LoaderConfig, LoaderHistory
 
 
 def unsharded_ranks(config: LoaderConfig) -> str | None:
-    """The warning's text when several ranks would each see the whole dataset."""
+    """The warning's text when several ranks would each see the whole dataset.
+
+    Judged by what the loader will yield, never by the sampler alone: no warning when
+    anything it draws from says it shards (a ``num_replicas`` > 1, as torch's
+    ``DistributedSampler``; a ``num_processes`` > 1, as accelerate's ``BatchSamplerShard``,
+    which shards at the batch sampler), nor when it yields no more than one rank's share
+    of the dataset (ranks may then be disjoint, sharded in a way of their own)."""
     torch = _torch.load()
     if torch is None or config.iterable:  # an iterable dataset shards in its own code
         return None
@@ -27,28 +34,57 @@ def unsharded_ranks(config: LoaderConfig) -> str | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     ranks = dist.get_world_size()
-    if ranks <= 1:
+    if ranks <= 1 or _declares_shards(config) or _one_share_or_less(config, ranks):
         return None
-    samplers = (
-        config.sampler,
-        config.batch_sampler,
-        getattr(config.batch_sampler, "sampler", None),
-    )
-    if any(_shards(s) for s in samplers):
-        return None
+    draws = config.batch_sampler if config.batch_sampler is not None else config.sampler
+    if draws is config.batch_sampler and type(draws).__name__ != "BatchSampler":
+        what = f"batch sampler ({type(draws).__name__})"
+    else:
+        what = f"sampler ({type(config.sampler).__name__})"
     return (
-        f"torch.distributed runs {ranks} ranks, but this DataLoader's sampler "
-        f"({type(config.sampler).__name__}) does not shard the dataset: every rank will see "
-        f"every sample, {ranks} times per epoch in all. Fix: "
-        "sampler=torch.utils.data.DistributedSampler(dataset) (and sampler.set_epoch(epoch) "
-        "every epoch), or let your framework put one in. A sampler that shards in its own "
-        "way can say so with a num_replicas attribute."
+        f"torch.distributed runs {ranks} ranks, but this DataLoader's {what} does not "
+        f"shard the dataset: every rank will see every sample, {ranks} times per epoch "
+        "in all. Fix: sampler=torch.utils.data.DistributedSampler(dataset) (and "
+        "sampler.set_epoch(epoch) every epoch), or let your framework put one in. A "
+        "sampler that shards in its own way can say so with a num_replicas attribute."
     )
 
 
-def _shards(sampler: Any) -> bool:
-    replicas = getattr(sampler, "num_replicas", None)
-    return isinstance(replicas, int) and replicas > 1
+_SHARD_COUNTS = ("num_replicas", "num_processes")  # torch's samplers; accelerate's shards
+_INNER = ("batch_sampler", "sampler")  # what a (batch) sampler draws from
+
+
+def _declares_shards(config: LoaderConfig) -> bool:
+    """Whether the batch sampler, the sampler, the dataset or anything they draw from
+    (a few levels down) says it takes one shard of several."""
+    seen: set[int] = set()
+    todo = [(obj, 0) for obj in (config.batch_sampler, config.sampler, config.dataset)]
+    while todo:
+        obj, depth = todo.pop()
+        if obj is None or id(obj) in seen or depth > 4:
+            continue
+        seen.add(id(obj))
+        for name in _SHARD_COUNTS:
+            count = getattr(obj, name, None)
+            if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+                return True
+        todo += [(getattr(obj, name, None), depth + 1) for name in _INNER]
+    return False
+
+
+def _one_share_or_less(config: LoaderConfig, ranks: int) -> bool:
+    """The loader yields no more than one rank's share of the dataset per epoch, so the
+    ranks may be disjoint (False: it yields more, or cannot say)."""
+    per_draw = 1
+    if config.batch_sampler is not None:
+        per_draw = getattr(config.batch_sampler, "batch_size", None) or config.batch_size or 0
+    try:
+        draws, samples = len(config.index_sampler), len(config.dataset)
+    except TypeError:
+        return False
+    if not per_draw or not samples:
+        return False
+    return draws <= math.ceil(math.ceil(samples / per_draw) / ranks)
 
 
 class StreamCheck:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .deadlines import Busy
 
 __all__ = [
+    "ABANDONED_THREAD",
     "DECODE_FAILED",
     "LEFT_OUT_AGAIN",
     "NO_RESTART_ITERABLE",
@@ -139,14 +140,24 @@ def timeout_text(timeout: float, busy: Busy, doing: str, stage: str, batch_time:
         f"DataLoader timed out after {timeout} seconds: worker {busy.worker_id} "
         f"(pid {busy.pid}) {verb} {doing}{where}; "
         f"{typical_batch_time(batch_time)}. Fix: find what blocks it (a slow disk or "
-        "network read, a lock), raise timeout, or pass on_timeout='restart' to kill the "
+        "network read, a lock), raise timeout, or pass on_timeout='restart' to replace the "
         "stuck worker and retry."
     )
 
 
-def stuck_reason(stage: str, timeout: float) -> str:
-    """Why conveyor killed a worker (``on_timeout="restart"``)."""
-    return f"stuck ({stage}) past timeout={timeout}, so conveyor killed it"
+def stuck_reason(stage: str, timeout: float, ended: str = "killed") -> str:
+    """Why conveyor ended a worker (``on_timeout="restart"``): ``ended`` is "killed" (a
+    process) or "abandoned" (a thread, which cannot be killed)."""
+    reason = f"stuck ({stage}) past timeout={timeout}, so conveyor {ended} it"
+    if ended == "abandoned":
+        reason += f" ({ABANDONED_THREAD})"
+    return reason
+
+
+ABANDONED_THREAD = (
+    "a thread cannot be killed: it is never used or waited for again, ends by itself if "
+    "its sample ever returns, and does not keep the interpreter from exiting"
+)
 
 
 def kill_reason(reason: str, stacks: str) -> str:

@@ -90,7 +90,7 @@ class MultiprocessIterator:
             self._pipe_seeds.draw(config.generator, config.dataset)
         now = time.monotonic()
         run_ahead = run_ahead_bytes(config.num_workers) if config.run_ahead else 0
-        self._book = book = TaskBook(
+        self._book = TaskBook(
             num_workers=config.num_workers, prefetch=config.prefetch_factor,
             in_order=config.in_order, iterable=config.iterable,
             auto_collation=config.auto_collation, policy=config.policy,
@@ -103,16 +103,10 @@ class MultiprocessIterator:
         if pool_factory is None:
             pool_factory = kinds.pool_factory(config)
         self._pool = pool_factory(config.start_method, user, self._specs)
-        self._flush = self._pool.abilities.flush
-        self._supervisor = Supervisor(config, book, self._pool, self._tally, now, self._specs)
-        self._tally.pids = self._supervisor.pids
-        self._deadlines = self._supervisor.deadlines
+        # At once: a Ctrl-C from here on finds the workers to stop (see _take_charge).
         self._finalizer = weakref.finalize(self, close_in_order, self._pin_ahead, self._pool)
-        self._not_ready = set(range(config.num_workers))
-        self._failed_to_start: set[int] = set()  # workers that will never be ready
-        self._streams = StreamCheck.wanted(config, history)  # iterable: do workers shard?
-        self.progress = self._new_progress()
         try:
+            self._take_charge(now)
             self._start_epoch(start)
             # Like torchdata: iter() returns once every worker has started, so a
             # worker_init_fn (or a saved state that does not load) fails here.
@@ -123,6 +117,22 @@ class MultiprocessIterator:
         except BaseException:
             self.close()
             raise
+
+    def _take_charge(self, now: float) -> None:
+        """What watches the started workers: the supervisor (deadlines, deaths), who is
+        ready, whether an iterable dataset's workers shard, the epoch's progress. Built
+        once the pool owns its teardown (a start cut short before was left to the garbage
+        collector, which closes no bare descriptor, and left the workers running)."""
+        config = self._config
+        self._flush = self._pool.abilities.flush
+        book, tally = self._book, self._tally
+        self._supervisor = Supervisor(config, book, self._pool, tally, now, self._specs)
+        self._tally.pids = self._supervisor.pids
+        self._deadlines = self._supervisor.deadlines
+        self._not_ready = set(range(config.num_workers))
+        self._failed_to_start: set[int] = set()  # workers that will never be ready
+        self._streams = StreamCheck.wanted(config, self._history)  # iterable: do they shard?
+        self.progress = self._new_progress()
 
     # --- the iterator protocol ----------------------------------------------------------
 
@@ -165,7 +175,7 @@ class MultiprocessIterator:
 
     def close(self) -> None:
         """Stop the workers now (the loop ended, broke, or raised)."""
-        if not self.closed:
+        if not self.closed and hasattr(self, "_supervisor"):  # (none: a start cut short)
             self._history.last_statistics = self.statistics()
         self.closed = True
         self._finalizer()

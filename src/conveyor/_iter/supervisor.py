@@ -43,7 +43,12 @@ class Supervisor:
         self._book, self._pool, self._tally = book, pool, tally
         forked = config.start_method.copies_memory
         self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
-        self.deadlines = Deadlines(book, config.policy, timeout=config.timeout, now=now)
+        abilities = pool.abilities
+        self._abandoner = abilities.abandon if abilities.kill is None else None
+        ends = "abandoned" if self._abandoner is not None else "killed"
+        self.deadlines = Deadlines(
+            book, config.policy, timeout=config.timeout, now=now, ends_stuck=ends
+        )
         self._recheck_at = 0.0  # when the status pages must be read again
         self.count: WorkerCount | None = None
         if config.tuner is not None and specs is not None and not config.fixed_count:
@@ -56,7 +61,10 @@ class Supervisor:
     def statistics(self, skipped: int) -> LoaderStatistics:
         """``statistics()``: the tally, with what the pool can say of its workers."""
         book, usage = self._book, self._pool.abilities.usage
-        alive = usage.alive() if usage is not None else 0
+        try:  # (asked from any thread: a worker may be being replaced)
+            alive = usage.alive() if usage is not None else 0
+        except Exception:
+            alive = 0
         stats = self._tally.statistics(
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
             tasks=book.tasks.values(), usage=usage, alive=alive,
@@ -84,7 +92,7 @@ class Supervisor:
             case Restart():
                 now = time.monotonic()
                 self._book.restarted(verdict, now)
-                self._tally.restarted(verdict.worker_id, verdict.retried)
+                self._tally.restarted(verdict.worker_id, verdict.retried, died.charged)
                 self.deadlines.count_from(now)  # the replacement gets a whole timeout
                 self._restart(verdict)
                 return True
@@ -123,6 +131,8 @@ class Supervisor:
 
     def check(self) -> None:
         """The loop's wait ran out: act on what is overdue."""
+        if self._abandoner is not None:  # threads: how many more may be abandoned
+            self.deadlines.no_replacement = self._abandoner.no_replacement()
         for overdue in self.deadlines.overdue(time.monotonic(), self._workers_now()):
             match overdue:
                 case Stalled(worker_id=worker_id, report=report):
@@ -135,13 +145,24 @@ class Supervisor:
                     if reason is not None:  # on_timeout="restart": its death is then
                         self.judge.killing(worker_id, reason, stacks)  # like any other
                     if error is not None:  # otherwise the loader gives up in its place
-                        error.args = (messages.with_stack(error.args[0], stacks),)
+                        text = messages.with_stack(error.args[0], stacks)
+                        if self._abandoner is not None:
+                            text += f"\nThe thread was abandoned: {messages.ABANDONED_THREAD}."
+                        error.args = (text,)
                         self._book.give_up(error, place)
-                    kill = self._pool.abilities.kill
-                    if kill is not None:
-                        kill(worker_id)  # known stuck: kill it now
+                    self._end_stuck(worker_id)
                 case _:
                     assert_never(overdue)
+
+    def _end_stuck(self, worker_id: int) -> None:
+        """A worker known stuck: killed now, or abandoned where it cannot be killed (a
+        thread). Either way a Died follows, and it reads as gone until replaced, so the
+        same verdict never comes twice."""
+        kill = self._pool.abilities.kill
+        if kill is not None:
+            kill(worker_id)
+        elif self._abandoner is not None:
+            self._abandoner.abandon(worker_id)
 
     def _workers_now(self) -> list[Busy]:
         """Every worker as its status page says now (running a task, or idle)."""

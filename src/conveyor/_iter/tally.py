@@ -11,10 +11,11 @@ and to the trace while one is recorded (``DataLoader.trace``).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .._workers.api import BatchHandle, Usage
 from .._workers.protocol import BatchDone
@@ -44,7 +45,7 @@ class Tally:
         self._workers = [_WorkerTally(now) for _ in range(num_workers)]
         self.batches = 0  # delivered this epoch
         self.samples = 0
-        self.restarts = 0  # workers replaced
+        self.restarts = 0  # worker processes (or threads, actors) replaced
         self.retried = 0  # tasks re-sent to a replacement
         self.clock = StageClock(now, num_workers)
         self._history = history  # where a trace being recorded is (history.tracer)
@@ -133,9 +134,13 @@ class Tally:
         else:
             self.delivered(entry.worker_id, batch_size_of(batch), decode_s, pin_s)
 
-    def restarted(self, worker_id: int, retried: int) -> None:
+    def restarted(self, worker_id: int, retried: int, process: bool = True) -> None:
+        """Worker ``worker_id`` was restarted, ``retried`` of its tasks re-sent.
+        ``process``: its death is the death of its process (one per process: the cores
+        of a process of threads die with it), counted in ``worker_restarts`` as
+        ``max_worker_restarts`` charges it; each core counts its own restarts."""
         self._workers[worker_id].restarts += 1
-        self.restarts += 1
+        self.restarts += process
         self.retried += retried
 
     def statistics(
@@ -169,8 +174,8 @@ class Tally:
                 restarts=w.restarts,
                 samples_per_s=w.samples / max(now - w.since, 1e-9),
                 busy_share=self.clock.worker_busy[i] / stages.seconds if stages.seconds else 0.0,
-                active_s=self._active_since(usage, i),
-                memory_bytes=usage.memory_bytes(i) if usage is not None else None,
+                active_s=_reading(functools.partial(self._active_since, usage, i)),
+                memory_bytes=_reading(functools.partial(_memory, usage, i)),
             )
             for i, w in enumerate(self._workers)
         )
@@ -199,3 +204,19 @@ class Tally:
         if now is None:
             return None
         return now - since if since is not None and since <= now else now
+
+
+_T = TypeVar("_T")
+
+
+def _memory(usage: Usage | None, worker_id: int) -> int | None:
+    return usage.memory_bytes(worker_id) if usage is not None else None
+
+
+def _reading(read: Callable[[], _T | None]) -> _T | None:
+    """One reading of a worker's use, which may be replaced meanwhile (``statistics()``
+    can be asked from any thread, at any moment): None, unknown, when it fails."""
+    try:
+        return read()
+    except Exception:
+        return None

@@ -4,8 +4,9 @@ Four verbs — :meth:`Pool.send`, :meth:`Pool.wait`, :meth:`Pool.restart`,
 :meth:`Pool.close` — and two events, :class:`Received` and :class:`Died`. What only
 some kinds of worker can do is declared in :class:`Abilities` and asked for by the
 loop: read what a worker is doing and dump its stacks (``inspect``), kill a stuck one
-(``kill``), hand freed memory back early (``flush``), show its processes the way
-torch's iterator does (``handles``).
+(``kill``) or, where it cannot be killed (a thread), abandon it (``abandon``), hand
+freed memory back early (``flush``), show its processes the way torch's iterator does
+(``handles``).
 
 A received batch travels as a :class:`BatchHandle`: the loop opens it when the batch
 is handed out, or discards it, without knowing how it came (shared memory, a
@@ -25,6 +26,7 @@ from .protocol import SeedPipe, Task
 from .status import WorkerStatus
 
 __all__ = [
+    "Abandoner",
     "Abilities",
     "BatchHandle",
     "Died",
@@ -119,12 +121,29 @@ class Resizer(Protocol):
         ...
 
 
+class Abandoner(Protocol):
+    """Stuck workers that cannot be killed (threads): left to themselves."""
+
+    def abandon(self, worker_id: int) -> None:
+        """Stop using a stuck worker, for good: it runs no other task, is never waited
+        for, and ends by itself if its task ever returns. A Died follows; it reads as
+        gone (idle) until it is replaced."""
+        ...
+
+    def no_replacement(self) -> str | None:
+        """Why a stuck worker may not be abandoned and replaced now (too many abandoned
+        ones are still stuck), in words; None: it may."""
+        ...
+
+
 @dataclass(frozen=True)
 class Abilities:
     """What a kind of worker can do beyond the four verbs (None: it can't)."""
 
     inspect: Inspector | None = None
-    kill: Callable[[int], None] | None = None  # end a stuck worker: a Died follows
+    # End a stuck worker: a Died follows, and until it is replaced it reads as gone.
+    kill: Callable[[int], None] | None = None
+    abandon: Abandoner | None = None  # where it cannot be killed: leave it to itself
     flush: Callable[[], None] | None = None  # hand freed memory back to workers now
     handles: Callable[[], list[Any]] | None = None  # for code that reads iterator._workers
     usage: Usage | None = None  # their CPU time and memory

@@ -15,7 +15,7 @@ __all__ = ["pool_factory"]
 def pool_factory(config: LoaderConfig) -> PoolFactory:
     """Processes (the default), threads, or Ray actors."""
     if config.in_threads:
-        return ThreadPool
+        return functools.partial(ThreadPool, timeout=config.timeout)
     if config.remote:
         from .ray_pool import RayPool  # Ray itself is imported when it starts
 

@@ -58,6 +58,8 @@ def worker_main(
     stack_fd: InheritedFd,
     crash_fd: InheritedFd | None,
     parent_pid: int,
+    watch: InheritedFd | None = None,
+    main_thread_started: bool = True,
 ) -> None:
     """Entry point of a worker process: one core (torch's worker), or several, each in a
     thread of its own (``threads_per_worker``).
@@ -74,7 +76,7 @@ def worker_main(
     # multiprocessing.Pool) joins it, and teardown kills the group after us.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
-    parent_watch.die_with_parent(parent_pid)
+    parent_watch.die_with_parent(parent_pid, watch, main_thread_started)
     # The main process asks for our Python stacks (a stalled task) with SIGUSR1;
     # faulthandler answers from C, even while Python code is stuck.
     faulthandler.register(signal.SIGUSR1, file=stack_fd.fd, all_threads=True, chain=False)

@@ -29,8 +29,8 @@ from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
-from .start import Starter, modules_to_preload
-from .status import WorkerStatus, read_status, request_stop
+from .start import modules_to_preload
+from .status import GONE, WorkerStatus, read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
 
@@ -72,10 +72,9 @@ class WorkerPool:
         self._each_start = False  # they must be pickled with each worker's start instead
         self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
+        self._writing: set[int] = set()  # task pipes registered for writability
         # One selector for the pool's life: building one per wait costs more than the wait.
         self._selector = selectors.DefaultSelector()
-        self._writing: set[int] = set()  # task pipes registered for writability
-        self._starter = Starter()
         try:
             for first in range(0, len(specs), self._cores):
                 self._start(specs[first : first + self._cores])
@@ -101,7 +100,6 @@ class WorkerPool:
                 specs,
                 self._user,
                 self._setup,
-                self._starter,
                 self._preload,
             )
             for worker in cores:
@@ -289,9 +287,12 @@ class WorkerPool:
         return [None if i in self._let_go else w.pid for i, w in enumerate(self._workers)]
 
     def status(self, worker_id: int) -> WorkerStatus:
-        if worker_id in self._let_go:
-            return WorkerStatus(-1, -1, None, -1, 0.0)  # gone: idle, for the deadlines
-        return read_status(self._workers[worker_id].arena.status_page)
+        """Gone (retired, dead, or killed and dying) reads as idle: the deadlines never
+        count against a worker that is no longer there."""
+        worker = self._workers[worker_id]
+        if worker_id in self._let_go or worker_id in self._dead or worker.pid in self._killed:
+            return GONE
+        return read_status(worker.arena.status_page)
 
     def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
         worker = self._workers[worker_id]
@@ -332,8 +333,8 @@ class WorkerPool:
         """Start one more worker (its id: the next one)."""
         assert spec.worker_id == len(self._workers), "workers are added in order"
         assert self._cores == 1, "num_workers='auto' counts processes of one core"
-        self._specs.append(spec)
         self._start([spec])  # appends it, safe from Ctrl-C
+        self._specs.append(spec)  # (once started: a start that fails adds nothing)
 
     def retire(self, worker_id: int) -> None:
         """Stop a worker that has no task left, for good (it is not replaced)."""
@@ -390,10 +391,7 @@ class WorkerPool:
             # pool; the workers are not its children. Leave them to their owner.
             return
         with interrupts_deferred():
-            try:
-                self._teardown()
-            finally:
-                self._starter.close()  # the processes it started are gone
+            self._teardown()
 
     def _teardown(self) -> None:
         serving = self._serving()

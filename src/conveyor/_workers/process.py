@@ -5,6 +5,7 @@ shared-memory arena and status page (:class:`Worker`)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -14,11 +15,12 @@ from multiprocessing.process import BaseProcess
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder
 from ..config import StartMethod
+from . import parent_watch
 from .core import UserObjects, WorkerSpec
 from .fds import InheritedFd
 from .loop import CoreEnds, worker_main
 from .outbox import Outbox
-from .start import Starter
+from .start import start_process
 from .status import mark_starting
 from .user_objects import PickledWhileSpawning
 from .wire import FrameReader
@@ -74,10 +76,10 @@ class Host:
         self.cores = tuple(cores)  # its cores' worker ids
         self.handle = WorkerHandle(process)
         self._open = set(self.cores)
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
+        # Kept apart from the process object, which is closed once the process is let go:
+        # statistics() may ask from another thread meanwhile.
+        self.pid: int | None = process.pid
+        self.watch = -1  # the main process's end of its parent-watch pipe (parent_watch.py)
 
     def crash_dump(self) -> str:
         """What faulthandler wrote when a fatal signal ended the process ("" if none)."""
@@ -96,7 +98,9 @@ class Host:
         for fd in (self.stacks, self.crash_fd):
             if fd >= 0:
                 os.close(fd)
-        self.stacks = self.crash_fd = -1
+        if self.watch >= 0:
+            parent_watch.close_watch(self.watch)
+        self.stacks = self.crash_fd = self.watch = -1
         self.handle._released()
         self.process.close()
 
@@ -133,7 +137,7 @@ class Worker:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self.host.pid
 
     def take_releases(self) -> tuple[int, ...]:
         if not self.pending_releases:
@@ -158,76 +162,141 @@ def start_worker(
     specs: Sequence[WorkerSpec],
     user: UserObjects,
     setup_fd: int | None,
-    starter: Starter,
     preload: Sequence[str] = (),
 ) -> list[Worker]:
     """Start one worker process running a core for each of ``specs`` (several: in
     threads); its cores, in the order of ``specs``."""
-    first = specs[0].worker_id
     made: list[tuple[Connection, Connection, MainArena]] = []  # our ends, for a failed start
     ends: list[CoreEnds] = []
     child_ends: list[Connection] = []
     try:
         for spec in specs:
             task_reader, task_writer = context.Pipe(duplex=False)
-            result_reader, result_writer = context.Pipe(duplex=False)
-            child_ends += [task_reader, result_writer]
-            arena_fd = create_arena_fd(spec.worker_id)
-            arena = MainArena(arena_fd)
-            mark_starting(arena.status_page)
+            child_ends.append(task_reader)
+            try:
+                result_reader, arena = _results_and_arena(context, spec, child_ends)
+            except BaseException:
+                task_writer.close()
+                raise
             made.append((task_writer, result_reader, arena))
-            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena_fd)))
-        stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        os.set_blocking(stack_writer, True)
+            result_writer = child_ends[-1]
+            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena.fd)))
+        fds = _ProcessFds.open(specs)
     except BaseException:
         _close_made(made, child_ends)
         raise
-    crash_fd = os.memfd_create(f"conveyor-crash-{first}", os.MFD_CLOEXEC) if len(specs) > 1 else -1
-    payload: UserObjects | InheritedFd | PickledWhileSpawning
-    if setup_fd is not None:
-        payload = InheritedFd(os.dup(setup_fd))
-    elif method.pickles_objects:
-        payload = PickledWhileSpawning(user)
-    else:
-        payload = user
+    payload = _payload(method, user, setup_fd)
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
-        args=(
-            ends,
-            payload,
-            InheritedFd(stack_writer),
-            InheritedFd(crash_fd) if crash_fd >= 0 else None,
-            os.getpid(),
-        ),
-        name=f"conveyor-worker-{first}",
+        args=(ends, payload, *fds.for_the_worker()),
+        name=f"conveyor-worker-{specs[0].worker_id}",
         daemon=True,
     )
     try:
-        starter.start(method, process, preload)
+        start_process(method, process, preload)
     except BaseException:  # a failed start, or Ctrl-C while starting: leave nothing open
         if process.pid is not None:
             process.kill()
             process.join()
             process.close()  # its sentinel (a traceback kept in a notebook holds `process`)
-        for _, _, arena in made:
-            arena.drop_maps()  # the status page's map holds a descriptor of its own
         _close_made(made, [])
-        os.close(stack_reader)
-        if crash_fd >= 0:
-            os.close(crash_fd)
+        fds.close_ours()
         raise
     finally:
         # The child has its own copies now; ours would keep EOF from coming.
         for conn in child_ends:
             conn.close()
-        os.close(stack_writer)
+        fds.close_the_workers()
         if isinstance(payload, InheritedFd):
             payload.close()
-    host = Host(process, stack_reader, crash_fd, [spec.worker_id for spec in specs])
+    host = Host(process, fds.stack_reader, fds.crash_fd, [spec.worker_id for spec in specs])
+    host.watch = fds.watch_write
     return [
         Worker(spec.worker_id, host, task_writer, result_reader, arena)
         for spec, (task_writer, result_reader, arena) in zip(specs, made, strict=True)
     ]
+
+
+def _payload(
+    method: StartMethod, user: UserObjects, setup_fd: int | None
+) -> UserObjects | InheritedFd | PickledWhileSpawning:
+    """How the user's objects reach the worker: inherited (fork), or pickled once for
+    every worker into the memfd ``setup_fd``, or else pickled with its start."""
+    if setup_fd is not None:
+        return InheritedFd(os.dup(setup_fd))
+    return PickledWhileSpawning(user) if method.pickles_objects else user
+
+
+def _results_and_arena(
+    context: BaseContext, spec: WorkerSpec, child_ends: list[Connection]
+) -> tuple[Connection, MainArena]:
+    """A core's result pipe (its write end goes to ``child_ends``) and arena; nothing is
+    left open when one of them cannot be made (too many open files, say)."""
+    result_reader, result_writer = context.Pipe(duplex=False)
+    child_ends.append(result_writer)
+    try:
+        arena_fd = create_arena_fd(spec.worker_id)
+        try:
+            arena = MainArena(arena_fd)  # (its map of the status page dups the descriptor)
+        except BaseException:
+            os.close(arena_fd)
+            raise
+    except BaseException:
+        result_reader.close()
+        raise
+    mark_starting(arena.status_page)
+    return result_reader, arena
+
+
+@dataclass
+class _ProcessFds:
+    """The descriptors of one worker process as a whole (not of a core): its stack dumps'
+    pipe, its crash dump's memfd (several cores), its parent-watch pipe."""
+
+    stack_reader: int
+    stack_writer: int
+    crash_fd: int  # -1: one core, no crash dump asked for
+    watch_read: int
+    watch_write: int
+
+    @classmethod
+    def open(cls, specs: Sequence[WorkerSpec]) -> _ProcessFds:
+        opened: list[int] = []
+        try:
+            stack_reader, stack_writer = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            opened += [stack_reader, stack_writer]
+            os.set_blocking(stack_writer, True)
+            crash_fd = -1
+            if len(specs) > 1:
+                crash_fd = os.memfd_create(f"conveyor-crash-{specs[0].worker_id}", os.MFD_CLOEXEC)
+                opened.append(crash_fd)
+            watch_read, watch_write = parent_watch.open_watch()
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        return cls(stack_reader, stack_writer, crash_fd, watch_read, watch_write)
+
+    def for_the_worker(self) -> tuple[object, ...]:
+        """``worker_main``'s arguments after the cores and the user's objects."""
+        crash = InheritedFd(self.crash_fd) if self.crash_fd >= 0 else None
+        main_thread = threading.current_thread() is threading.main_thread()
+        return (
+            InheritedFd(self.stack_writer), crash, os.getpid(),
+            InheritedFd(self.watch_read), main_thread,
+        )  # fmt: skip
+
+    def close_the_workers(self) -> None:
+        """The worker has its copies (or failed to start)."""
+        os.close(self.stack_writer)
+        os.close(self.watch_read)
+
+    def close_ours(self) -> None:
+        """The start failed: what the main process would have kept."""
+        os.close(self.stack_reader)
+        if self.crash_fd >= 0:
+            os.close(self.crash_fd)
+        parent_watch.close_watch(self.watch_write)
 
 
 def _close_made(
@@ -236,6 +305,7 @@ def _close_made(
     for task_writer, result_reader, arena in made:
         task_writer.close()
         result_reader.close()
+        arena.drop_maps()  # the status page's map holds a descriptor of its own
         arena.close()
     for conn in child_ends:
         conn.close()

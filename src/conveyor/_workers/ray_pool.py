@@ -47,7 +47,7 @@ from .events import Died, PoolEvent, Received
 from .protocol import BatchDone, Ready, SeedPipe, Stage, StartupFailed, Task
 from .ray_actor import ConveyorWorker
 from .remote_error import capture
-from .status import WorkerStatus
+from .status import GONE, WorkerStatus
 from .user_objects import serialize_for_cluster
 
 __all__ = ["RayPool"]
@@ -75,6 +75,7 @@ class _Remote:
         self.pid: int | None = None
         self.started = False
         self.lost = False
+        self.killed = False  # as stuck: it reads as gone until replaced (see api.Abilities)
         self.created_at = self.last_reply_at = now
 
     def status(self, now: float, trace: tuple[int, int, int] | None = None) -> WorkerStatus:
@@ -275,7 +276,8 @@ class RayPool:
         return [remote.pid for remote in self._workers]
 
     def status(self, worker_id: int) -> WorkerStatus:
-        return self._workers[worker_id].status(time.monotonic())
+        remote = self._workers[worker_id]
+        return GONE if remote.killed else remote.status(time.monotonic())
 
     def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
         return ""  # a busy actor answers nothing else, and its process may be far away
@@ -284,6 +286,7 @@ class RayPool:
 
     def kill(self, worker_id: int) -> None:
         """End a stuck worker's actor: its calls then fail, and its death is received."""
+        self._workers[worker_id].killed = True
         with contextlib.suppress(Exception):
             self._ray.kill(self._workers[worker_id].actor, no_restart=True)
 

@@ -11,12 +11,10 @@ work, and keeps a training script's top level from running once per worker.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from multiprocessing import spawn
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -29,69 +27,20 @@ from .interrupts import interrupts_deferred
 _lock = threading.Lock()  # held by every start; a fork waits for the others (see _start)
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 FORKSERVER_PRELOAD = ["conveyor._workers.loop"]
-THREAD_NAME = "conveyor-process-starter"
 
 
-class Starter:
-    """Starts one pool's processes from a thread that outlives them.
+def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
+    """Start a worker process from the calling thread, whichever it is.
 
-    Workers ask the kernel to kill them when their parent dies
-    (``PR_SET_PDEATHSIG``), and the kernel means the parent *thread*: workers
-    started from a short-lived thread (an evaluation thread) would die with it.
-    So they are started from the main thread, or else from a daemon thread of the
-    pool's own, which :meth:`close` stops once the pool's processes are gone: a
-    thread left behind would make every later fork in this process, anyone's, the
-    fork of a multi-threaded process. A Ctrl-C in the main thread waits until the
-    start is complete: cut in half, it would leave a child blocked for its
-    instructions and pipes that only the lost ``Popen`` object could close.
+    A worker dies with the main process through its parent-watch pipe
+    (``parent_watch.py``), whatever thread started it: no thread of conveyor's has to
+    outlive the start, so none is left to make later forks in this process (anyone's)
+    the fork of a multi-threaded one. A Ctrl-C in the main thread waits until the start
+    is complete: cut in half, it would leave a child blocked for its instructions and
+    pipes that only the lost ``Popen`` object could close.
     """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-
-    def start(self, method: StartMethod, process: BaseProcess, preload: Sequence[str] = ()) -> None:
-        if threading.current_thread() is threading.main_thread():
-            with interrupts_deferred():
-                _start(method, process, preload)
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=_serve, args=(self._jobs,), name=THREAD_NAME, daemon=True
-            )
-            self._thread.start()
-        job = _Job(lambda: _start(method, process, preload))
-        self._jobs.put(job)
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-
-    def close(self) -> None:
-        """Stop the thread, if there is one: call once the processes it started are gone."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._jobs.put(None)
-        if thread is not threading.current_thread():
-            thread.join()
-
-
-@dataclass
-class _Job:
-    run: Callable[[], None]
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-
-
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    """The starter thread: run each job until ``None`` comes."""
-    while (job := jobs.get()) is not None:
-        try:
-            job.run()
-        except BaseException as exc:
-            job.error = exc
-        finally:
-            job.done.set()
+    with interrupts_deferred():  # (nothing to defer off the main thread: no signal there)
+        _start(method, process, preload)
 
 
 class ForkGate:
@@ -132,8 +81,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _start(method: StartMethod, process: BaseProcess, preload: Sequence[str]) -> None:
-    """Every start holds ``_lock``, so a fork never copies a starter thread mid-start,
-    and every gate, so it never copies a thread of ours mid-work."""
+    """Every start holds ``_lock``, so a fork never copies another thread mid-start, and
+    every gate, so it never copies a thread of ours mid-work."""
     with _lock:
         if method.copies_memory:
             with _gates_held():

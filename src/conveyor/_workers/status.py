@@ -47,6 +47,11 @@ class WorkerStatus:
     native_id: int = 0
 
 
+# What a worker that is gone reads as until it is replaced (retired, killed, abandoned):
+# idle since now, so no deadline ever counts against it.
+GONE = WorkerStatus(-1, -1, None, -1, 0.0)
+
+
 class StatusWriter:
     """The worker's side."""
 

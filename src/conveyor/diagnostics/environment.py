@@ -35,10 +35,11 @@ __all__ = [
 # Descriptors the main process holds per running worker, counted (tests/faults/
 # test_open_file_limit.py checks this against /proc/self/fd under every start method):
 # the task pipe's write end, the result pipe's read end, the stack pipe's read end, the
-# process's sentinel and the parent-death pipe multiprocessing keeps beside it, the
-# worker's memfd, and the duplicate of it that the status page's map holds. Slots are
-# mapped without one, so batches the loop keeps cost none.
-FDS_PER_WORKER = 7
+# write end of conveyor's parent-watch pipe (_workers/parent_watch.py), the process's
+# sentinel and the parent-death pipe multiprocessing keeps beside it, the worker's
+# memfd, and the duplicate of it that the status page's map holds. Slots are mapped
+# without one, so batches the loop keeps cost none.
+FDS_PER_WORKER = 8
 FDS_PER_LOADER = 1  # the pool's selector
 # Fork server, resource tracker, a worker being started (its pipes' other ends, and
 # spawn's own pipes: up to 8 more for a moment), the user's own files.

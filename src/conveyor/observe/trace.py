@@ -11,15 +11,18 @@ main process's spans (waiting in ``next()``, decoding, pinning) are its own. Ins
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["Tracer", "torch_span"]
+__all__ = ["Tracer", "recording", "torch_span"]
+
+logger = logging.getLogger("conveyor")
 
 MAIN_TID = 1
 _WORKER_TID = 1_000_000  # thread workers' lanes: this plus the worker id
@@ -85,6 +88,45 @@ class Tracer:
         target = Path(path)
         target.write_text(json.dumps(self.document()))
         return target
+
+
+@contextmanager
+def recording(
+    path: str | os.PathLike[str], attach: Callable[[Tracer | None], None]
+) -> Iterator[Tracer]:
+    """``DataLoader.trace(path)``: the file is opened now, so a path that cannot be
+    written fails before any training, naming it; ``attach`` puts the tracer where the
+    loop records (None: recording ends). At the end the trace is written whatever the
+    block did; a write that fails then (a full disk) is logged, never raised: it must
+    not end a run that trained, nor replace the block's own exception."""
+    target = Path(path)
+    try:
+        out = target.open("w")
+    except OSError as error:
+        raise type(error)(
+            error.errno,
+            f"loader.trace() cannot write its trace there ({error.strerror}). Fix: pass "
+            "a path in a directory that exists and that this process may write to",
+            str(target),
+        ) from None
+    tracer = Tracer()
+    attach(tracer)
+    try:
+        yield tracer
+    finally:
+        attach(None)
+        _save(tracer, out, target)
+
+
+def _save(tracer: Tracer, out: IO[str], target: Path) -> None:
+    try:
+        with out:
+            json.dump(tracer.document(), out)
+    except Exception as error:
+        logger.error(  # (the words only: a record holding the error keeps its frames)
+            f"conveyor: the trace could not be written to {target} "
+            f"({type(error).__name__}: {error}); training was not affected."
+        )
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..config import LoaderConfig
 from ..records import LoaderStatistics
+from . import failsafe
 from .progress import ProgressLine, line, say
 from .verdict import diagnose
 
@@ -44,6 +45,10 @@ class Watch:
         if self._line is not None:
             self._line.close(None if self._report else stats)
         if self._report:
-            from ..diagnostics.environment import cpus
+            failsafe.guarded("epoch report", lambda: self._report_epoch(stats))
 
-            say(f"{line(stats, self._total)}. {diagnose(stats, cpus().usable)}")
+    def _report_epoch(self, stats: LoaderStatistics) -> bool:
+        from ..diagnostics.environment import cpus
+
+        say(f"{line(stats, self._total)}. {diagnose(stats, cpus().usable)}")
+        return True

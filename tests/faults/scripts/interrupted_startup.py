@@ -4,9 +4,10 @@ it (as a notebook keeps the last exception, traceback and all) and carries on.
 Usage: ``python interrupted_startup.py START_METHOD WHEN``. ``WHEN`` is ``preparing``
 (a real SIGINT the moment the first worker's own pipes exist, before its process is
 started), ``spawning`` (the moment the first worker process exists, before
-multiprocessing has sent it what it needs to run: its start is half done) or
-``starting`` (while ``iter()`` waits for workers that are in ``worker_init_fn``: sent
-by a thread once a worker said it is there). Prints one JSON line: how many
+multiprocessing has sent it what it needs to run: its start is half done),
+``supervising`` (the moment every worker process is started, before the loop has
+taken charge of them) or ``starting`` (while ``iter()`` waits for workers that are in
+``worker_init_fn``: sent by a thread once a worker said it is there). Prints one JSON line: how many
 KeyboardInterrupts were caught, the processes started since that are still
 running, and every file descriptor (pipes included) opened since and still open.
 """
@@ -26,6 +27,7 @@ import psutil
 from tests.helpers.interrupts import open_fds
 
 from conveyor import DataLoader
+from conveyor._iter import multiprocess
 
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
@@ -86,6 +88,19 @@ def interrupt_when_preparing() -> None:
     os.pipe2 = made
 
 
+def interrupt_when_supervising() -> None:
+    """Send SIGINT right after the workers' pool is made (once), before the loop builds
+    what watches it: the moment a start-up was left unguarded."""
+    original = multiprocess.Supervisor
+
+    def supervisor(*args: Any, **kwargs: Any) -> Any:
+        multiprocess.Supervisor = original  # type: ignore[misc]
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: raised at the next bytecode
+        return original(*args, **kwargs)
+
+    multiprocess.Supervisor = supervisor  # type: ignore[misc]
+
+
 def interrupt_when_starting(fifo: str) -> None:
     """A thread: once a worker is in worker_init_fn, send SIGINT to this process."""
     os.mkfifo(fifo)
@@ -114,6 +129,8 @@ def main() -> None:
         interrupt_when_preparing()
     elif when == "spawning":
         interrupt_when_spawned()
+    elif when == "supervising":
+        interrupt_when_supervising()
     else:
         interrupt_when_starting(fifo)
         init = Gate(fifo)

@@ -1,7 +1,8 @@
 """A child program for the teardown tests: a slow loader whose worker pids it prints.
 
-Usage: ``python slow_loader.py START_METHOD``. Iterates a slow, endless loader
-with two workers; once both workers have delivered a sample it prints
+Usage: ``python slow_loader.py START_METHOD [thread]``. Iterates a slow, endless loader
+with two workers (``thread``: in a thread of its own, which starts the workers, while
+the main thread waits for it); once both workers have delivered a sample it prints
 ``PIDS <pid> <pid>`` and then goes on iterating until it is interrupted or killed.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from conveyor import DataLoader
@@ -25,7 +27,7 @@ class SlowPids:
         return os.getpid()
 
 
-def main() -> None:
+def iterate() -> None:
     loader = DataLoader(
         SlowPids(), batch_size=None, num_workers=2, multiprocessing_context=sys.argv[1]
     )
@@ -35,6 +37,15 @@ def main() -> None:
             pids.add(int(pid))
             if len(pids) == 2:
                 print("PIDS", *sorted(pids), flush=True)
+
+
+def main() -> None:
+    if sys.argv[2:] != ["thread"]:
+        iterate()
+        return
+    thread = threading.Thread(target=iterate, daemon=True)
+    thread.start()
+    thread.join()
 
 
 if __name__ == "__main__":

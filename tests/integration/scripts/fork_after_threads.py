@@ -72,6 +72,23 @@ def persistent_workers_started_in_a_thread() -> Callable[[], object]:
     return fork_loader
 
 
+def persistent_loader_alive_after_a_thread_started_it() -> Callable[[], object]:
+    """A validation loader's persistent workers, first started by a background thread,
+    live on while other loaders fork theirs."""
+    loader = conveyor.DataLoader(
+        list(range(8)), batch_size=4, num_workers=2, persistent_workers=True,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    in_a_thread(functools.partial(list, loader))
+
+    def forks() -> None:
+        fork_loader()
+        assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # still there
+        fork_loader()
+
+    return forks
+
+
 def pinned_epochs() -> Callable[[], object]:
     # The pin thread pins with a stand-in (no accelerator here), as in test_pin_memory.
     multiprocess.pinning_enabled = lambda config: True  # type: ignore[assignment]
