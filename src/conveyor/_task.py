@@ -12,10 +12,11 @@ import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._collate_errors import collate_context
+from ._collate_rows import RowBatch, RowWriter
 from ._dataset_state import WorkerState
 from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices
 from ._reseed import Reseed
@@ -122,6 +123,11 @@ class TaskRunner:
                 self.fetcher.resumed = resume.iter_state is not None
         else:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
+        # Samples written into their rows as they come (see _collate_rows): one at a time
+        # from a map-style dataset, into a batch that a default collate makes.
+        self.rows: RowWriter | None = None
+        if isinstance(self.fetcher, MapFetcher) and auto_collation and not self.fetcher.batched:
+            self.rows = RowWriter.for_collate(collate_fn)
         self.iterable = iterable
         self.auto_collation = auto_collation
         # Seconds the last run spent fetching and collating (statistics, trace).
@@ -173,6 +179,18 @@ class TaskRunner:
         per_sample = reseed is not None and reseed.mode == "sample" and not self.iterable
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
+        if self.rows is not None:
+            assert indices is not None
+            size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
+            on_position = _position_hook(watcher if trace else None, reseed)
+            fetched = self._stream(self.rows.begin(size, collating), indices, exclude, on_position)
+            if isinstance(fetched, Failed):
+                return fetched
+            watcher.stage(Stage.COLLATE)
+            if per_sample:
+                assert reseed is not None
+                reseed.before_collate()
+            return self._finish(fetched, started)
         try:
             one_by_one = trace or exclude or per_sample
             data = _NOT_FETCHED
@@ -227,6 +245,71 @@ class TaskRunner:
         self.collate_s = time.monotonic() - collating_from
         return Collated(batch, indices, left_out)
 
+    def _stream(
+        self,
+        batch: RowBatch,
+        indices: list[Any],
+        exclude: tuple[Any, ...],
+        on_position: Callable[[int], None] | None,
+    ) -> _Streamed | Failed:
+        """Fetch each sample and write it into its row at once (see _collate_rows): what
+        was fetched, or the failure that ends the batch. From the first sample that does
+        not fit the batch's plan on, samples are kept as they are (those before rebuilt
+        from their rows), and the batch is collated as before."""
+        dataset, tolerate = self.dataset, self.skip_errors
+        streamed = _Streamed(batch)
+        kept = streamed.kept
+        for position, i in enumerate(indices):
+            if exclude and i in exclude:
+                continue
+            if on_position is not None:
+                on_position(position)
+            try:
+                sample = dataset[i]
+            except Exception as exc:
+                if not tolerate:
+                    culprit = Culprit((i,))
+                    if isinstance(exc, StopIteration):
+                        exc = _stop_in_getitem(exc, indices, culprit)
+                    return Failed(Stage.FETCH, exc, culprit)
+                streamed.left_out.append(LeftOut(i, Stage.FETCH, exc))
+                continue
+            kept.append(i)
+            rest = streamed.rest
+            if rest is not None:
+                rest.append(sample)
+                continue
+            try:
+                written = batch.write(sample)
+            except Exception:  # it does not fit the plan (whatever it is)
+                written = False
+            if not written:
+                streamed.rest = [*batch.samples(), sample]
+        return streamed
+
+    def _finish(self, streamed: _Streamed, started: float) -> TaskOutcome:
+        """The streamed batch made whole, or collated as before where it must be."""
+        batch, kept, rest = streamed.batch, streamed.kept, streamed.rest
+        left_out = tuple(streamed.left_out)
+        collating_from = time.monotonic()
+        self.fetch_s = collating_from - started
+        if not kept:
+            return NothingLeft(left_out)
+        with collate_context(kept):
+            if rest is None:
+                try:
+                    made = batch.finish()
+                except Exception:  # the collate function's own rules say what happens
+                    rest = batch.samples()
+            if rest is not None:
+                try:
+                    with batch.context():
+                        made = self.collate_fn(rest)
+                except Exception as exc:
+                    return self.batch_failed(Stage.COLLATE, exc, kept, left_out)
+        self.collate_s = time.monotonic() - collating_from
+        return Collated(made, kept, left_out)
+
     def batch_failed(
         self,
         stage: Stage,
@@ -244,6 +327,16 @@ class TaskRunner:
 
 
 _NOT_FETCHED = object()
+
+
+@dataclass
+class _Streamed:
+    """What a streamed fetch gathered (see TaskRunner._stream)."""
+
+    batch: RowBatch
+    kept: list[Any] = field(default_factory=list)  # dataset indices fetched
+    left_out: list[LeftOut] = field(default_factory=list)
+    rest: list[Any] | None = None  # samples to collate as before, once one did not fit
 
 
 def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[int], None] | None:

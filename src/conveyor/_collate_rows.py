@@ -1,0 +1,386 @@
+"""Streaming collate: each sample is written into its row of the batch as it is fetched.
+
+Fetching a whole batch and then stacking it reads and writes every byte after it has
+left the cache, and keeps every sample's memory alive until the end, so the dataset's
+next fresh array lands on cold memory too. Writing each sample into its row right after
+``__getitem__`` returns, and dropping it, copies it while it is hot and hands its memory
+straight back to the allocator for the next sample (docs/design.md, "Streaming
+collate", has the measurements).
+
+Only arrays and tensors are written row by row: they are what a batch's bytes are. Every
+other leaf (numbers, strings, a registered function's type, a container collate cannot
+stream) is kept as the column of its values and collated at the end by the very rule
+``default_collate`` applies to it, so the batch is the one ``default_collate`` builds.
+The plan of a batch (:class:`_Node` tree) is made from its first sample and checked
+against every later one (and reused for the next batch while its first sample fits): a
+sample that does not fit makes the caller collate the batch as before, from the samples
+written so far rebuilt from their rows (:meth:`RowBatch.samples`), never a wrong batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from conveyor import _collate_leaves as _leaves
+from conveyor import collate as _collate
+from conveyor._collate_errors import Attr
+from conveyor._collate_leaves import NATIVE_DTYPES, NP_SCALARS, _out_buffer
+from conveyor._collate_registry import Rule
+
+__all__ = ["RowBatch", "RowWriter"]
+
+# Arrays smaller than this are collected and stacked at the end, as before: written one
+# row at a time they cost more in Python calls than the cache saves (measured on `tiny`).
+STREAM_MIN_BYTES = 16 << 10
+_ARRAY_TYPES = (np.ndarray, np.memmap)  # rebuilt from a row as the same type
+_LEAF_TYPES = (*NP_SCALARS, float, int, str, bytes)
+
+
+class _Node:
+    """One place in the samples' structure: how a sample's value there is written, rebuilt
+    and turned into the batch's value."""
+
+    __slots__ = ()
+
+    def reset(self, batch: RowBatch) -> None:
+        raise NotImplementedError
+
+    def write(self, row: int, value: Any) -> bool:
+        raise NotImplementedError
+
+    def sample(self, row: int) -> Any:
+        raise NotImplementedError
+
+    def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
+        raise NotImplementedError
+
+
+class _Column(_Node):
+    """A leaf (or a part collate cannot stream) kept as its column of values."""
+
+    __slots__ = ("path", "values")
+
+    def __init__(self, path: tuple[Any, ...]) -> None:
+        self.path = path
+        self.values: list[Any] = []
+
+    def reset(self, batch: RowBatch) -> None:
+        self.values = []
+
+    def write(self, row: int, value: Any) -> bool:
+        self.values.append(value)
+        return True
+
+    def sample(self, row: int) -> Any:
+        return self.values[row]
+
+    def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
+        return _collate.collate_column(self.values, self.path, leaves, rules)
+
+
+class _Rows(_Node):
+    """An array or tensor of one dtype and shape in every sample: written into its row."""
+
+    __slots__ = ("_batch", "dtype", "kind", "out", "own", "shape", "tensor", "tensor_out")
+
+    def __init__(self, example: np.ndarray, kind: Any, tensor: Any = None) -> None:
+        self.dtype = example.dtype
+        self.shape = example.shape
+        self.kind = kind  # the samples' type: np.ndarray, np.memmap or torch.Tensor
+        self.tensor = tensor  # the tensors' dtype (torch's rule), else None (the array rule)
+        self.out: np.ndarray | None = None  # the batch's memory, on the first write
+        self.tensor_out: Any = None  # the same, made by torch (no output allocator)
+        self.own = False  # the memory is the batch's own (no output allocator gave it)
+        self._batch: RowBatch | None = None
+
+    def reset(self, batch: RowBatch) -> None:
+        self._batch, self.out, self.tensor_out = batch, None, None
+
+    def write(self, row: int, value: Any) -> bool:
+        if type(value) is not self.kind:
+            return False
+        if self.tensor is not None:
+            try:
+                value = value.numpy()  # refuses what torch.stack would treat apart (grad...)
+            except Exception:
+                return False
+        dtype = value.dtype
+        if value.shape != self.shape or (dtype is not self.dtype and dtype != self.dtype):
+            return False
+        out = self.out
+        if out is None:
+            out = self._allocate()
+        out[row] = value
+        return True
+
+    def _allocate(self) -> np.ndarray:
+        assert self._batch is not None
+        shape = (self._batch.size, *self.shape)
+        with self._batch.context():
+            out = _out_buffer(shape, self.dtype)  # in the transport's memory, as collate's
+        self.own = out is None
+        if out is None:
+            if self.tensor is not None:
+                torch = _leaves.torch
+                self.tensor_out = torch.empty(shape, dtype=self.tensor)
+                out = self.tensor_out.numpy()
+            else:
+                out = np.empty(shape, self.dtype)
+        self.out = out
+        return out
+
+    def sample(self, row: int) -> Any:
+        assert self.out is not None
+        value = self.out[row, ...]
+        if self.tensor is not None:
+            return _leaves.torch.from_numpy(value)
+        return value if self.kind is np.ndarray else value.view(self.kind)
+
+    def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
+        out, made = self.out, self.tensor_out
+        assert out is not None, "finish() after a row was written"
+        if rows < len(out):  # samples were left out: the rows written, in memory of
+            if made is not None:  # the batch's own size where it is its own, as stacking
+                return made[:rows].clone()  # makes it
+            out = out[:rows].copy() if self.own else out[:rows]
+        if made is not None:
+            return made
+        if self.tensor is not None or isinstance(leaves, _leaves.TorchLeaves):
+            return _leaves.torch.from_numpy(out)
+        return out
+
+
+class _Dict(_Node):
+    __slots__ = ("children", "keys")
+
+    def __init__(self, children: dict[Any, _Node]) -> None:
+        self.children = children
+        self.keys = frozenset(children)
+
+    def reset(self, batch: RowBatch) -> None:
+        for child in self.children.values():
+            child.reset(batch)
+
+    def write(self, row: int, value: Any) -> bool:
+        if type(value) is not dict or value.keys() != self.keys:
+            return False
+        for key, child in self.children.items():
+            if not child.write(row, value[key]):
+                break
+        else:
+            return True
+        return False
+
+    def sample(self, row: int) -> Any:
+        return {key: child.sample(row) for key, child in self.children.items()}
+
+    def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
+        return {key: child.finish(rows, leaves, rules) for key, child in self.children.items()}
+
+
+class _Sequence(_Node):
+    """A tuple (collated into a list, as torch does), a list or a namedtuple."""
+
+    __slots__ = ("children", "kind")
+
+    def __init__(self, kind: Any, children: list[_Node]) -> None:
+        self.kind = kind
+        self.children = children
+
+    def reset(self, batch: RowBatch) -> None:
+        for child in self.children:
+            child.reset(batch)
+
+    def write(self, row: int, value: Any) -> bool:
+        if type(value) is not self.kind or len(value) != len(self.children):
+            return False
+        for child, item in zip(self.children, value):  # noqa: B905 (lengths checked)
+            if not child.write(row, item):
+                break
+        else:
+            return True
+        return False
+
+    def sample(self, row: int) -> Any:
+        items = [child.sample(row) for child in self.children]
+        if self.kind is list:
+            return items
+        return tuple(items) if self.kind is tuple else self.kind(*items)
+
+    def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
+        items = [child.finish(rows, leaves, rules) for child in self.children]
+        return self.kind(*items) if self.kind not in (tuple, list) else items
+
+
+def _plan(elem: Any, path: tuple[Any, ...], leaves: Any, rules: Any) -> _Node:
+    """The node for ``elem`` (the first sample's value at ``path``), chosen as collate.py's
+    ``_collate`` chooses its rule."""
+    if rules is None:
+        torch = _leaves.torch
+        if torch is not None and isinstance(elem, torch.Tensor):
+            return _tensor(elem, path, leaves)
+        if isinstance(elem, np.ndarray):
+            return _array(elem, path, leaves, None)
+        if isinstance(elem, _LEAF_TYPES):
+            return _Column(path)
+    else:
+        action = rules.action(elem)
+        if action is Rule.TENSOR:
+            return _tensor(elem, path, leaves)
+        if action is Rule.ARRAY:
+            return _array(elem, path, leaves, rules)
+        if action is not None:  # another rule, or a registered function
+            return _Column(path)
+    kind = type(elem)
+    if kind is dict:
+        return _Dict(
+            {key: _plan(value, (*path, key), leaves, rules) for key, value in elem.items()}
+        )
+    if kind is tuple or kind is list:
+        items = enumerate(elem)
+        return _Sequence(kind, [_plan(value, (*path, i), leaves, rules) for i, value in items])
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        names = [Attr(f) for f in elem._fields]
+        pairs = zip(elem, names, strict=True)
+        return _Sequence(kind, [_plan(value, (*path, n), leaves, rules) for value, n in pairs])
+    return _Column(path)  # another container (or an error): collate's own rule at the end
+
+
+def _array(elem: Any, path: tuple[Any, ...], leaves: Any, rules: Any) -> _Node:
+    if rules is not None and rules.tensor_custom and leaves is not _leaves.NUMPY:
+        return _Column(path)  # torch's rule makes tensors and looks them up again
+    if type(elem) not in _ARRAY_TYPES or elem.dtype not in NATIVE_DTYPES:
+        return _Column(path)
+    if elem.nbytes < max(STREAM_MIN_BYTES, 1):
+        return _Column(path)
+    return _Rows(elem, type(elem))
+
+
+def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> _Node:
+    if leaves is _leaves.DEFERRED:
+        raise _leaves.NeedsTorch  # the batch is torch's to build, as default_collate does
+    torch = _leaves.torch
+    if not isinstance(leaves, _leaves.TorchLeaves) or type(elem) is not torch.Tensor:
+        return _Column(path)
+    if elem.is_nested or elem.layout != torch.strided:
+        return _Column(path)
+    try:
+        example = elem.numpy()
+    except Exception:  # grad, another device, conj or neg bits, a dtype NumPy lacks
+        return _Column(path)
+    if example.dtype not in NATIVE_DTYPES or example.nbytes < max(STREAM_MIN_BYTES, 1):
+        return _Column(path)
+    return _Rows(example, torch.Tensor, tensor=elem.dtype)
+
+
+def _streams(node: _Node) -> bool:
+    """Whether ``node`` writes some leaf row by row."""
+    if isinstance(node, _Dict):
+        return any(_streams(child) for child in node.children.values())
+    if isinstance(node, _Sequence):
+        return any(_streams(child) for child in node.children)
+    return isinstance(node, _Rows)
+
+
+class RowBatch:
+    """One batch being written: rows so far, the memory it writes into."""
+
+    def __init__(
+        self,
+        writer: RowWriter,
+        size: int,
+        collating: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        self.size = size
+        self.rows = 0
+        self._writer = writer
+        self._collating = collating
+        self._context: AbstractContextManager[Any] | None = None
+        self.plan = writer.plan
+
+    def context(self) -> AbstractContextManager[Any]:
+        """Where collate writes (the transport's, entered around each allocation): made at
+        the first need, so a batch that fails before takes no memory."""
+        if self._context is None:
+            self._context = self._collating()
+        return self._context
+
+    def write(self, sample: Any) -> bool:
+        """Write ``sample`` into the next row; False if it does not fit the plan, or if
+        no leaf of the batch is worth writing row by row (see STREAM_MIN_BYTES): the
+        batch is then collated as before."""
+        row, plan = self.rows, self.plan
+        if plan is None or not plan.write(row, sample):
+            if row or not self._writer.replan(self, sample):
+                return False
+        elif not row and not self._writer.streams:
+            return False
+        self.rows = row + 1
+        return True
+
+    def samples(self) -> list[Any]:
+        """The samples written so far, rebuilt from their rows (for collate as before)."""
+        plan = self.plan
+        return [] if plan is None else [plan.sample(row) for row in range(self.rows)]
+
+    def finish(self) -> Any:
+        """The batch, as the collate function makes it; raises if it cannot (the caller
+        then collates :meth:`samples` as before)."""
+        return self._writer.finish(self)
+
+
+class RowWriter:
+    """A runner's streaming collate: the plan of the last batch, and its collate function's
+    rules (None from :meth:`for_collate` where the function is not a default one)."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+        self.plan: _Node | None = None
+        self._key: Any = None  # the rules collate_fn had when the plan was made
+        self._rules: Any = None  # those the plan uses (torch's, for a batch with tensors)
+        self.streams = False  # the plan writes some leaf row by row
+
+    @staticmethod
+    def for_collate(collate_fn: Callable[[Any], Any]) -> RowWriter | None:
+        return RowWriter(collate_fn) if _collate.streams(collate_fn) else None
+
+    def begin(self, size: int, collating: Callable[[], AbstractContextManager[Any]]) -> RowBatch:
+        """A batch of at most ``size`` samples."""
+        key = _collate.stream_rules(self.collate_fn)
+        if key != self._key:  # registrations changed, or the worker turned to torch
+            self.plan, self._key, self._rules = None, key, key
+        batch = RowBatch(self, size, collating)
+        if self.plan is not None:
+            self.plan.reset(batch)
+        return batch
+
+    def replan(self, batch: RowBatch, sample: Any) -> bool:
+        """A plan made from ``sample``, the first of ``batch`` (a new shape, or the first
+        batch), and the sample written with it; False if it cannot be."""
+        leaves, rules = self._rules = self._key
+        try:
+            plan = _plan(sample, (), leaves, rules)
+        except _leaves.NeedsTorch:  # a tensor in a worker deferring torch
+            self._rules = leaves, rules = _collate.stream_rules(self.collate_fn, need_torch=True)
+            plan = _plan(sample, (), leaves, rules)
+        plan.reset(batch)
+        self.plan = batch.plan = plan
+        self.streams = _streams(plan)
+        return self.streams and plan.write(0, sample)
+
+    def finish(self, batch: RowBatch) -> Any:
+        plan = batch.plan
+        assert plan is not None and batch.rows, "finish() after a sample was written"
+        leaves, rules = self._rules
+        with batch.context():  # columns are stacked into the transport's memory too
+            try:
+                return plan.finish(batch.rows, leaves, rules)
+            except _leaves.NeedsTorch:
+                # A column only torch can collate, in a worker deferring it: the whole
+                # batch becomes torch's (default_collate does the same).
+                leaves, rules = _collate.stream_rules(self.collate_fn, need_torch=True)
+                return plan.finish(batch.rows, leaves, rules)
