@@ -46,7 +46,7 @@ class _Node:
 
     __slots__ = ()
 
-    def reset(self, batch: RowBatch) -> None:
+    def reset(self, batch: RowBatch | None) -> None:
         raise NotImplementedError
 
     def write(self, row: int, value: Any) -> bool:
@@ -68,7 +68,7 @@ class _Column(_Node):
         self.path = path
         self.values: list[Any] = []
 
-    def reset(self, batch: RowBatch) -> None:
+    def reset(self, batch: RowBatch | None) -> None:
         self.values = []
 
     def write(self, row: int, value: Any) -> bool:
@@ -95,9 +95,9 @@ class _Rows(_Node):
         self.out: np.ndarray | None = None  # the batch's memory, on the first write
         self.tensor_out: Any = None  # the same, made by torch (no output allocator)
         self.own = False  # the memory is the batch's own (no output allocator gave it)
-        self._batch: RowBatch | None = None
+        self._batch: RowBatch | None = None  # the batch being written
 
-    def reset(self, batch: RowBatch) -> None:
+    def reset(self, batch: RowBatch | None) -> None:
         self._batch, self.out, self.tensor_out = batch, None, None
 
     def write(self, row: int, value: Any) -> bool:
@@ -161,7 +161,7 @@ class _Dict(_Node):
         self.children = children
         self.keys = frozenset(children)
 
-    def reset(self, batch: RowBatch) -> None:
+    def reset(self, batch: RowBatch | None) -> None:
         for child in self.children.values():
             child.reset(batch)
 
@@ -191,7 +191,7 @@ class _Sequence(_Node):
         self.kind = kind
         self.children = children
 
-    def reset(self, batch: RowBatch) -> None:
+    def reset(self, batch: RowBatch | None) -> None:
         for child in self.children:
             child.reset(batch)
 
@@ -314,10 +314,9 @@ class RowBatch:
         no leaf of the batch is worth writing row by row (see STREAM_MIN_BYTES): the
         batch is then collated as before."""
         row, plan = self.rows, self.plan
-        if plan is None or not plan.write(row, sample):
-            if row or not self._writer.replan(self, sample):
-                return False
-        elif not row and not self._writer.streams:
+        if (plan is None or not plan.write(row, sample)) and (
+            row or not self._writer.replan(self, sample)
+        ):
             return False
         self.rows = row + 1
         return True
@@ -348,15 +347,36 @@ class RowWriter:
     def for_collate(collate_fn: Callable[[Any], Any]) -> RowWriter | None:
         return RowWriter(collate_fn) if _collate.streams(collate_fn) else None
 
-    def begin(self, size: int, collating: Callable[[], AbstractContextManager[Any]]) -> RowBatch:
-        """A batch of at most ``size`` samples."""
+    def begin(
+        self, size: int, collating: Callable[[], AbstractContextManager[Any]]
+    ) -> RowBatch | None:
+        """A batch of at most ``size`` samples; None when the last batch had no leaf worth
+        writing row by row: this one is fetched and collated as before, and its first
+        sample goes to :meth:`check`."""
         key = _collate.stream_rules(self.collate_fn)
         if key != self._key:  # registrations changed, or the worker turned to torch
-            self.plan, self._key, self._rules = None, key, key
+            self.plan, self._key, self._rules, self.streams = None, key, key, False
+        plan = self.plan
+        if plan is not None and not self.streams:
+            return None
         batch = RowBatch(self, size, collating)
-        if self.plan is not None:
-            self.plan.reset(batch)
+        if plan is not None:
+            plan.reset(batch)
         return batch
+
+    def check(self, sample: Any) -> None:
+        """The first sample of a batch collated as before (see :meth:`begin`): if it does
+        not fit the last plan, the next batch makes a new one (it may stream)."""
+        plan = self.plan
+        if plan is None:
+            return
+        plan.reset(None)
+        try:
+            fits = plan.write(0, sample)
+        except Exception:
+            fits = False
+        if not fits:
+            self.plan = None
 
     def replan(self, batch: RowBatch, sample: Any) -> bool:
         """A plan made from ``sample``, the first of ``batch`` (a new shape, or the first

@@ -171,29 +171,51 @@ class TaskRunner:
         ``trace`` reports each sample's position before fetching it (a retry
         after a crash, to name the sample that kills the worker); ``reseed``
         seeds the random generators before the batch or each sample."""
-        fetcher = self.fetcher
         started = time.monotonic()
         self.fetch_s = self.collate_s = 0.0
         indices = None if self.iterable else batch_indices(index, self.auto_collation)
-        left_out: tuple[LeftOut, ...] = ()
         per_sample = reseed is not None and reseed.mode == "sample" and not self.iterable
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
-        if self.rows is not None:
+        on_position = _position_hook(watcher if trace else None, reseed)
+        fetched: _Streamed | _Fetched | TaskOutcome
+        streaming = self._streaming(indices, exclude, collating)
+        if streaming is not None:
             assert indices is not None
-            size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
-            on_position = _position_hook(watcher if trace else None, reseed)
-            fetched = self._stream(self.rows.begin(size, collating), indices, exclude, on_position)
-            if isinstance(fetched, Failed):
-                return fetched
-            watcher.stage(Stage.COLLATE)
-            if per_sample:
-                assert reseed is not None
-                reseed.before_collate()
-            return self._finish(fetched, started)
+            fetched = self._stream(streaming, indices, exclude, on_position)
+        else:
+            one_by_one = bool(trace or exclude or per_sample)
+            fetched = self._fetch(index, indices, exclude, one_by_one, on_position, reseed)
+        if not isinstance(fetched, (_Streamed, _Fetched)):
+            return fetched
+        collating_from = time.monotonic()
+        self.fetch_s = collating_from - started
+        watcher.stage(Stage.COLLATE)
+        if per_sample:
+            assert reseed is not None
+            reseed.before_collate()
+        if isinstance(fetched, _Streamed):
+            outcome = self._finish(fetched)
+        else:
+            outcome = self._collate(fetched, collating)
+        self.collate_s = time.monotonic() - collating_from
+        return outcome
+
+    def _fetch(
+        self,
+        index: Any,
+        indices: list[Any] | None,
+        exclude: tuple[Any, ...],
+        one_by_one: bool,
+        on_position: Callable[[int], None] | None,
+        reseed: Reseed | None,
+    ) -> _Fetched | TaskOutcome:
+        """The batch's samples, fetched at once or (``one_by_one``, or to leave failing
+        ones out) one at a time; or the outcome that ends the task."""
+        fetcher = self.fetcher
+        left_out: tuple[LeftOut, ...] = ()
         try:
-            one_by_one = trace or exclude or per_sample
-            data = _NOT_FETCHED
+            data: Any = _NOT_FETCHED
             if isinstance(fetcher, MapFetcher) and self.skip_errors and not one_by_one:
                 # Skipping needs to know which sample failed, but samples rarely fail:
                 # fetch the batch at once, and one by one only when it raises.
@@ -209,10 +231,7 @@ class TaskRunner:
             ):
                 assert indices is not None
                 samples, indices, failed = fetcher.fetch_each(
-                    indices,
-                    exclude=exclude,
-                    tolerate=self.skip_errors,
-                    on_position=_position_hook(watcher if trace else None, reseed),
+                    indices, exclude=exclude, tolerate=self.skip_errors, on_position=on_position
                 )
                 left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
                 if not samples:
@@ -231,19 +250,32 @@ class TaskRunner:
             return Failed(Stage.FETCH, error, culprit)
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
-        collating_from = time.monotonic()
-        self.fetch_s = collating_from - started
-        watcher.stage(Stage.COLLATE)
-        if per_sample:
-            assert reseed is not None
-            reseed.before_collate()
+        if self.rows is not None and data:
+            self.rows.check(data[0])  # the next batch may stream
+        return _Fetched(data, indices, left_out)
+
+    def _collate(
+        self, fetched: _Fetched, collating: Callable[[], AbstractContextManager[Any]]
+    ) -> TaskOutcome:
+        indices, left_out = fetched.indices, fetched.left_out
         try:
             with collating(), collate_context(indices):
-                batch = self.collate_fn(data)
+                batch = self.collate_fn(fetched.data)
         except Exception as exc:
             return self.batch_failed(Stage.COLLATE, exc, indices, left_out)
-        self.collate_s = time.monotonic() - collating_from
         return Collated(batch, indices, left_out)
+
+    def _streaming(
+        self,
+        indices: list[Any] | None,
+        exclude: tuple[Any, ...],
+        collating: Callable[[], AbstractContextManager[Any]],
+    ) -> RowBatch | None:
+        """A batch to write sample by sample (see _collate_rows), or None: as before."""
+        if self.rows is None or not indices:  # (an empty batch: collate says what it is)
+            return None
+        size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
+        return self.rows.begin(size, collating)
 
     def _stream(
         self,
@@ -251,7 +283,7 @@ class TaskRunner:
         indices: list[Any],
         exclude: tuple[Any, ...],
         on_position: Callable[[int], None] | None,
-    ) -> _Streamed | Failed:
+    ) -> _Streamed | NothingLeft | Failed:
         """Fetch each sample and write it into its row at once (see _collate_rows): what
         was fetched, or the failure that ends the batch. From the first sample that does
         not fit the batch's plan on, samples are kept as they are (those before rebuilt
@@ -285,29 +317,27 @@ class TaskRunner:
                 written = False
             if not written:
                 streamed.rest = [*batch.samples(), sample]
+            # Its memory goes back now, for the next sample to reuse while it is in cache.
+            del sample
+        if not kept:
+            return NothingLeft(tuple(streamed.left_out))
         return streamed
 
-    def _finish(self, streamed: _Streamed, started: float) -> TaskOutcome:
+    def _finish(self, streamed: _Streamed) -> TaskOutcome:
         """The streamed batch made whole, or collated as before where it must be."""
         batch, kept, rest = streamed.batch, streamed.kept, streamed.rest
         left_out = tuple(streamed.left_out)
-        collating_from = time.monotonic()
-        self.fetch_s = collating_from - started
-        if not kept:
-            return NothingLeft(left_out)
         with collate_context(kept):
             if rest is None:
                 try:
-                    made = batch.finish()
+                    return Collated(batch.finish(), kept, left_out)
                 except Exception:  # the collate function's own rules say what happens
                     rest = batch.samples()
-            if rest is not None:
-                try:
-                    with batch.context():
-                        made = self.collate_fn(rest)
-                except Exception as exc:
-                    return self.batch_failed(Stage.COLLATE, exc, kept, left_out)
-        self.collate_s = time.monotonic() - collating_from
+            try:
+                with batch.context():
+                    made = self.collate_fn(rest)
+            except Exception as exc:
+                return self.batch_failed(Stage.COLLATE, exc, kept, left_out)
         return Collated(made, kept, left_out)
 
     def batch_failed(
@@ -327,6 +357,15 @@ class TaskRunner:
 
 
 _NOT_FETCHED = object()
+
+
+@dataclass
+class _Fetched:
+    """A batch's samples fetched (see TaskRunner._fetch)."""
+
+    data: Any  # the samples (one sample without automatic batching)
+    indices: list[Any] | None  # their dataset indices; None for iterable datasets
+    left_out: tuple[LeftOut, ...] = ()
 
 
 @dataclass

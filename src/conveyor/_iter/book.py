@@ -114,6 +114,7 @@ class TaskBook:
         self.skips = SkipLedger(skipped, policy)
         self.shape = ITERABLE if iterable else BATCH if auto_collation else SINGLE
         self.workers = [WorkerRecord() for _ in range(num_workers)]
+        self._serving = num_workers  # workers not retired (asked for at every dispatch)
         self.ahead = RunAhead(num_workers, prefetch, run_ahead_bytes)
         self.batch_time = 0.0  # moving average of the workers' own time per task
         self.last_reply_at = now
@@ -163,12 +164,13 @@ class TaskBook:
     @property
     def serving(self) -> int:
         """Workers that get tasks (all but those retired)."""
-        return sum(1 for record in self.workers if not record.retired)
+        return self._serving
 
     def add_worker(self) -> int:
         """One more worker, from now on; its id."""
         self.workers.append(WorkerRecord())
         self.num_workers += 1
+        self._serving += 1
         self._active += 1
         self.ahead.add_worker()
         return self.num_workers - 1
@@ -178,6 +180,7 @@ class TaskBook:
         record = self.workers[worker_id]
         if not record.retired:
             record.retired = True
+            self._serving -= 1
             if record.active:
                 record.active = False
                 self._active -= 1

@@ -26,14 +26,15 @@ import dataclasses
 import os
 import pickle
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, TypeVar
 
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
 from .protocol import BatchDone, Task
 
+_T = TypeVar("_T")
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
@@ -153,10 +154,10 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        payload = SlotPayload(
+        payload = _new_payload(
             slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
         )
-        return BatchDone(
+        return _new_batch_done(
             epoch=epoch,
             seq=seq,
             payload=payload,
@@ -166,6 +167,26 @@ class BodyDecoder:
             collate_s=collate_s,
             encode_s=encode_s,
         )
+
+
+def _builder(cls: type[_T]) -> Callable[..., _T]:
+    """Makes a frozen dataclass from keyword fields without calling its ``__init__``,
+    which sets each field through ``object.__setattr__`` (half of a batch frame's
+    decoding, on every batch): the fields given, the others their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    defaults = {name: value for name, value in defaults.items() if value is not dataclasses.MISSING}
+    new = object.__new__
+
+    def build(**fields: Any) -> _T:
+        made = new(cls)
+        made.__dict__.update(defaults, **fields)
+        return made
+
+    return build
+
+
+_new_payload = _builder(SlotPayload)
+_new_batch_done = _builder(BatchDone)
 
 
 def _decode_task(body: memoryview) -> Task:
