@@ -19,6 +19,7 @@ written so far rebuilt from their rows (:meth:`RowBatch.samples`), never a wrong
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -52,6 +53,10 @@ class _Node:
     def write(self, row: int, value: Any) -> bool:
         raise NotImplementedError
 
+    def fits(self, value: Any) -> bool:
+        """Whether ``value`` would be written (nothing is)."""
+        raise NotImplementedError
+
     def sample(self, row: int) -> Any:
         raise NotImplementedError
 
@@ -75,6 +80,9 @@ class _Column(_Node):
         self.values.append(value)
         return True
 
+    def fits(self, value: Any) -> bool:
+        return True
+
     def sample(self, row: int) -> Any:
         return self.values[row]
 
@@ -85,7 +93,7 @@ class _Column(_Node):
 class _Rows(_Node):
     """An array or tensor of one dtype and shape in every sample: written into its row."""
 
-    __slots__ = ("_batch", "dtype", "kind", "out", "own", "shape", "tensor", "tensor_out")
+    __slots__ = ("_batch", "dtype", "kind", "out", "own", "probe", "shape", "tensor", "tensor_out")
 
     def __init__(self, example: np.ndarray, kind: Any, tensor: Any = None) -> None:
         self.dtype = example.dtype
@@ -95,27 +103,39 @@ class _Rows(_Node):
         self.out: np.ndarray | None = None  # the batch's memory, on the first write
         self.tensor_out: Any = None  # the same, made by torch (no output allocator)
         self.own = False  # the memory is the batch's own (no output allocator gave it)
+        self.probe: Any = None  # what owns the first row's memory (see RowBatch.first_dropped)
         self._batch: RowBatch | None = None  # the batch being written
 
     def reset(self, batch: RowBatch | None) -> None:
-        self._batch, self.out, self.tensor_out = batch, None, None
+        self._batch, self.out, self.tensor_out, self.probe = batch, None, None, None
 
     def write(self, row: int, value: Any) -> bool:
-        if type(value) is not self.kind:
-            return False
-        if self.tensor is not None:
-            try:
-                value = value.numpy()  # refuses what torch.stack would treat apart (grad...)
-            except Exception:
-                return False
-        dtype = value.dtype
-        if value.shape != self.shape or (dtype is not self.dtype and dtype != self.dtype):
+        array = self._array(value)
+        if array is None:
             return False
         out = self.out
         if out is None:
             out = self._allocate()
-        out[row] = value
+            self.probe = _owner(value)
+        out[row] = array
         return True
+
+    def fits(self, value: Any) -> bool:
+        return self._array(value) is not None
+
+    def _array(self, value: Any) -> np.ndarray | None:
+        """``value`` as the array written into a row, or None where it does not fit."""
+        if type(value) is not self.kind:
+            return None
+        if self.tensor is not None:
+            try:
+                value = value.numpy()  # refuses what torch.stack would treat apart (grad...)
+            except Exception:
+                return None
+        dtype = value.dtype
+        if value.shape != self.shape or (dtype is not self.dtype and dtype != self.dtype):
+            return None
+        return value
 
     def _allocate(self) -> np.ndarray:
         assert self._batch is not None
@@ -175,6 +195,11 @@ class _Dict(_Node):
             return True
         return False
 
+    def fits(self, value: Any) -> bool:
+        if type(value) is not dict or value.keys() != self.keys:
+            return False
+        return all(child.fits(value[key]) for key, child in self.children.items())
+
     def sample(self, row: int) -> Any:
         return {key: child.sample(row) for key, child in self.children.items()}
 
@@ -204,6 +229,11 @@ class _Sequence(_Node):
         else:
             return True
         return False
+
+    def fits(self, value: Any) -> bool:
+        if type(value) is not self.kind or len(value) != len(self.children):
+            return False
+        return all(child.fits(item) for child, item in zip(self.children, value, strict=True))
 
     def sample(self, row: int) -> Any:
         items = [child.sample(row) for child in self.children]
@@ -277,13 +307,29 @@ def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> _Node:
     return _Rows(example, torch.Tensor, tensor=elem.dtype)
 
 
-def _streams(node: _Node) -> bool:
-    """Whether ``node`` writes some leaf row by row."""
+def _rows_of(node: _Node) -> list[_Rows]:
+    """The leaves ``node`` writes row by row."""
     if isinstance(node, _Dict):
-        return any(_streams(child) for child in node.children.values())
+        return [rows for child in node.children.values() for rows in _rows_of(child)]
     if isinstance(node, _Sequence):
-        return any(_streams(child) for child in node.children)
-    return isinstance(node, _Rows)
+        return [rows for child in node.children for rows in _rows_of(child)]
+    return [node] if isinstance(node, _Rows) else []
+
+
+def _owner(value: Any) -> Any:
+    """A weak reference to what owns ``value``'s memory (the array or tensor it views, if
+    it is a view), or None where there can be none."""
+    owner = value
+    if isinstance(value, np.ndarray):
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+    else:  # a tensor
+        while owner._base is not None:
+            owner = owner._base
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        return None
 
 
 class RowBatch:
@@ -321,6 +367,10 @@ class RowBatch:
         self.rows = row + 1
         return True
 
+    def first_dropped(self) -> None:
+        """The first sample written is garbage now (see :meth:`RowWriter.first_dropped`)."""
+        self._writer.first_dropped()
+
     def samples(self) -> list[Any]:
         """The samples written so far, rebuilt from their rows (for collate as before)."""
         plan = self.plan
@@ -341,7 +391,8 @@ class RowWriter:
         self.plan: _Node | None = None
         self._key: Any = None  # the rules collate_fn had when the plan was made
         self._rules: Any = None  # those the plan uses (torch's, for a batch with tensors)
-        self.streams = False  # the plan writes some leaf row by row
+        self.streams = False  # the plan writes some leaf row by row, and it is worth it
+        self._rows: list[_Rows] = []  # the plan's leaves written row by row
 
     @staticmethod
     def for_collate(collate_fn: Callable[[Any], Any]) -> RowWriter | None:
@@ -370,9 +421,8 @@ class RowWriter:
         plan = self.plan
         if plan is None:
             return
-        plan.reset(None)
         try:
-            fits = plan.write(0, sample)
+            fits = plan.fits(sample)
         except Exception:
             fits = False
         if not fits:
@@ -389,8 +439,17 @@ class RowWriter:
             plan = _plan(sample, (), leaves, rules)
         plan.reset(batch)
         self.plan = batch.plan = plan
-        self.streams = _streams(plan)
+        self._rows = _rows_of(plan)
+        self.streams = bool(self._rows)
         return self.streams and plan.write(0, sample)
+
+    def first_dropped(self) -> None:
+        """The batch's first sample was dropped once written. If none of its arrays went
+        with it, the dataset keeps them (rows of a table, images loaded once): writing
+        rows one by one saves no memory and costs Python calls, so the next batches are
+        collated as before (a batch of another shape tries again)."""
+        if not any(rows.probe is not None and rows.probe() is None for rows in self._rows):
+            self.streams = False
 
     def finish(self, batch: RowBatch) -> Any:
         plan = batch.plan

@@ -319,6 +319,8 @@ class TaskRunner:
                 streamed.rest = [*batch.samples(), sample]
             # Its memory goes back now, for the next sample to reuse while it is in cache.
             del sample
+            if len(kept) == 1 and streamed.rest is None:
+                batch.first_dropped()
         if not kept:
             return NothingLeft(tuple(streamed.left_out))
         return streamed

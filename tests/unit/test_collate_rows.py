@@ -318,3 +318,23 @@ def test_each_sample_is_dropped_once_in_its_row() -> None:
     expected = before.run([0, 1, 2, 3])
     assert isinstance(expected, Collated)
     assert expected.batch[1].tolist() == [False, True, True, True]
+
+
+def test_samples_the_dataset_keeps_are_collated_as_before_after_the_first_batch() -> None:
+    """Arrays that outlive their sample (the dataset holds them) free nothing when dropped:
+    from the next batch on they are collated as before; fresh ones keep streaming."""
+    kept = [big.image(i) for i in range(4)]
+
+    class Keeps(big.BigDataset):
+        def __getitem__(self, i: int) -> Any:
+            return kept[i % 4], i
+
+    held, fresh = runner(Keeps()), runner(big.BigDataset())
+    for first in (0, 4):
+        index = list(range(first, first + 4))
+        for streaming, dataset in ((held, Keeps()), (fresh, big.BigDataset())):
+            got = streaming.run(index)
+            assert isinstance(got, Collated)
+            assert_batches_equal(got.batch, torch_collate([dataset[i] for i in index]))
+    assert held.rows is not None and not held.rows.streams
+    assert fresh.rows is not None and fresh.rows.streams
