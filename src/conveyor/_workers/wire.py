@@ -26,15 +26,14 @@ import dataclasses
 import os
 import pickle
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, TypeVar
+from typing import Any
 
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
-from .protocol import BatchDone, Task
+from .protocol import BatchDone, Task, builder
 
-_T = TypeVar("_T")
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
@@ -169,24 +168,8 @@ class BodyDecoder:
         )
 
 
-def _builder(cls: type[_T]) -> Callable[..., _T]:
-    """Makes a frozen dataclass from keyword fields without calling its ``__init__``,
-    which sets each field through ``object.__setattr__`` (half of a batch frame's
-    decoding, on every batch): the fields given, the others their defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    defaults = {name: value for name, value in defaults.items() if value is not dataclasses.MISSING}
-    new = object.__new__
-
-    def build(**fields: Any) -> _T:
-        made = new(cls)
-        made.__dict__.update(defaults, **fields)
-        return made
-
-    return build
-
-
-_new_payload = _builder(SlotPayload)
-_new_batch_done = _builder(BatchDone)
+_new_payload = builder(SlotPayload)
+_new_batch_done = builder(BatchDone)
 
 
 def _decode_task(body: memoryview) -> Task:
