@@ -110,8 +110,13 @@ class _Rows(_Node):
         self._batch, self.out, self.tensor_out, self.probe = batch, None, None, None
 
     def write(self, row: int, value: Any) -> bool:
-        array = self._array(value)
-        if array is None:
+        if type(value) is not self.kind:
+            return False
+        array = value if self.tensor is None else _numpy(value)
+        if array is None or array.shape != self.shape:
+            return False
+        dtype = array.dtype
+        if dtype is not self.dtype and dtype != self.dtype:
             return False
         out = self.out
         if out is None:
@@ -121,21 +126,10 @@ class _Rows(_Node):
         return True
 
     def fits(self, value: Any) -> bool:
-        return self._array(value) is not None
-
-    def _array(self, value: Any) -> np.ndarray | None:
-        """``value`` as the array written into a row, or None where it does not fit."""
         if type(value) is not self.kind:
-            return None
-        if self.tensor is not None:
-            try:
-                value = value.numpy()  # refuses what torch.stack would treat apart (grad...)
-            except Exception:
-                return None
-        dtype = value.dtype
-        if value.shape != self.shape or (dtype is not self.dtype and dtype != self.dtype):
-            return None
-        return value
+            return False
+        array = value if self.tensor is None else _numpy(value)
+        return array is not None and array.shape == self.shape and array.dtype == self.dtype
 
     def _allocate(self) -> np.ndarray:
         assert self._batch is not None
@@ -210,21 +204,23 @@ class _Dict(_Node):
 class _Sequence(_Node):
     """A tuple (collated into a list, as torch does), a list or a namedtuple."""
 
-    __slots__ = ("children", "kind")
+    __slots__ = ("children", "kind", "size", "writes")
 
     def __init__(self, kind: Any, children: list[_Node]) -> None:
         self.kind = kind
         self.children = children
+        self.size = len(children)
+        self.writes = [child.write for child in children]  # (bound once: once a sample)
 
     def reset(self, batch: RowBatch | None) -> None:
         for child in self.children:
             child.reset(batch)
 
     def write(self, row: int, value: Any) -> bool:
-        if type(value) is not self.kind or len(value) != len(self.children):
+        if type(value) is not self.kind or len(value) != self.size:
             return False
-        for child, item in zip(self.children, value):  # noqa: B905 (lengths checked)
-            if not child.write(row, item):
+        for write, item in zip(self.writes, value):  # noqa: B905 (lengths checked)
+            if not write(row, item):
                 break
         else:
             return True
@@ -307,6 +303,15 @@ def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> _Node:
     return _Rows(example, torch.Tensor, tensor=elem.dtype)
 
 
+def _numpy(tensor: Any) -> np.ndarray | None:
+    """A tensor's memory as an array; None for what torch.stack would treat apart (grad,
+    conj or neg bits, another device...)."""
+    try:
+        return tensor.numpy()
+    except Exception:
+        return None
+
+
 def _rows_of(node: _Node) -> list[_Rows]:
     """The leaves ``node`` writes row by row."""
     if isinstance(node, _Dict):
@@ -360,11 +365,12 @@ class RowBatch:
         no leaf of the batch is worth writing row by row (see STREAM_MIN_BYTES): the
         batch is then collated as before."""
         row, plan = self.rows, self.plan
-        if (plan is None or not plan.write(row, sample)) and (
-            row or not self._writer.replan(self, sample)
-        ):
+        if plan is not None and plan.write(row, sample):
+            self.rows = row + 1
+            return True
+        if row or not self._writer.replan(self, sample):
             return False
-        self.rows = row + 1
+        self.rows = 1
         return True
 
     def first_dropped(self) -> None:

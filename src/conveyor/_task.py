@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._collate_errors import collate_context
@@ -288,42 +288,46 @@ class TaskRunner:
         was fetched, or the failure that ends the batch. From the first sample that does
         not fit the batch's plan on, samples are kept as they are (those before rebuilt
         from their rows), and the batch is collated as before."""
-        dataset, tolerate = self.dataset, self.skip_errors
-        streamed = _Streamed(batch)
-        kept = streamed.kept
-        for position, i in enumerate(indices):
-            if exclude and i in exclude:
-                continue
+        dataset, write = self.dataset, batch.write
+        wanted = [(p, i) for p, i in enumerate(indices) if i not in exclude] if exclude else None
+        left_out: list[LeftOut] = []
+        skipped: set[int] = set()  # their positions
+        rest: list[Any] | None = None  # samples collated as before, once one did not fit
+        for position, i in wanted or enumerate(indices):
             if on_position is not None:
                 on_position(position)
             try:
                 sample = dataset[i]
             except Exception as exc:
-                if not tolerate:
+                if not self.skip_errors:
                     culprit = Culprit((i,))
                     if isinstance(exc, StopIteration):
                         exc = _stop_in_getitem(exc, indices, culprit)
                     return Failed(Stage.FETCH, exc, culprit)
-                streamed.left_out.append(LeftOut(i, Stage.FETCH, exc))
+                left_out.append(LeftOut(i, Stage.FETCH, exc))
+                skipped.add(position)
                 continue
-            kept.append(i)
-            rest = streamed.rest
             if rest is not None:
                 rest.append(sample)
                 continue
             try:
-                written = batch.write(sample)
+                written = write(sample)
             except Exception:  # it does not fit the plan (whatever it is)
                 written = False
             if not written:
-                streamed.rest = [*batch.samples(), sample]
+                rest = [*batch.samples(), sample]
+                continue
             # Its memory goes back now, for the next sample to reuse while it is in cache.
             del sample
-            if len(kept) == 1 and streamed.rest is None:
+            if batch.rows == 1:
                 batch.first_dropped()
+        if skipped:
+            kept = [i for p, i in wanted or enumerate(indices) if p not in skipped]
+        else:
+            kept = indices if wanted is None else [i for _, i in wanted]
         if not kept:
-            return NothingLeft(tuple(streamed.left_out))
-        return streamed
+            return NothingLeft(tuple(left_out))
+        return _Streamed(batch, kept, left_out, rest)
 
     def _finish(self, streamed: _Streamed) -> TaskOutcome:
         """The streamed batch made whole, or collated as before where it must be."""
@@ -375,9 +379,9 @@ class _Streamed:
     """What a streamed fetch gathered (see TaskRunner._stream)."""
 
     batch: RowBatch
-    kept: list[Any] = field(default_factory=list)  # dataset indices fetched
-    left_out: list[LeftOut] = field(default_factory=list)
-    rest: list[Any] | None = None  # samples to collate as before, once one did not fit
+    kept: list[Any]  # dataset indices fetched
+    left_out: list[LeftOut]  # samples that failed (skipped)
+    rest: list[Any] | None  # samples to collate as before, once one did not fit
 
 
 def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[int], None] | None:
