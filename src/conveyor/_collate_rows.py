@@ -1,11 +1,11 @@
 """Streaming collate: each sample is written into its row of the batch as it is fetched.
 
-Fetching a whole batch and then stacking it reads and writes every byte after it has
-left the cache, and keeps every sample's memory alive until the end, so the dataset's
-next fresh array lands on cold memory too. Writing each sample into its row right after
-``__getitem__`` returns, and dropping it, copies it while it is hot and hands its memory
-straight back to the allocator for the next sample (docs/design.md, "Streaming
-collate", has the measurements).
+Fetching a whole batch and then stacking it keeps every sample alive until the end: each
+fresh array the dataset makes lands on memory the batch before left cold, and the stack
+reads it all back. Writing each sample into its row as soon as ``__getitem__`` returns,
+and dropping it, hands its memory straight back to the allocator, and the next sample is
+made in it while it is still in cache (docs/design.md, "Streaming collate", has the
+measurements).
 
 Only arrays and tensors are written row by row: they are what a batch's bytes are. Every
 other leaf (numbers, strings, a registered function's type, a container collate cannot
@@ -157,9 +157,11 @@ class _Rows(_Node):
     def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
         out, made = self.out, self.tensor_out
         assert out is not None, "finish() after a row was written"
-        if rows < len(out):  # samples were left out: the rows written, in memory of
-            if made is not None:  # the batch's own size where it is its own, as stacking
-                return made[:rows].clone()  # makes it
+        if rows < len(out):
+            # Samples were left out: the rows written (copied to memory of their own size
+            # where the batch's memory is its own, as a stack would have made it).
+            if made is not None:
+                return made[:rows].clone()
             out = out[:rows].copy() if self.own else out[:rows]
         if made is not None:
             return made
