@@ -17,7 +17,7 @@ _UNIT = Path(__file__).parent / "unit"
 # modules' forkserver variants keep pickled objects covered in the default run.
 _FORKSERVER_SLOW = frozenset({
     "test_torch_free_workers.py", "test_collate_fn_map.py", "test_reseed.py",
-    "test_round_trip.py", "test_torch_parity.py",
+    "test_round_trip.py", "test_torch_parity.py", "test_streaming_collate.py",
 })  # fmt: skip
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
 

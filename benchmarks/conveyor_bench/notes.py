@@ -31,6 +31,14 @@ def against(value: float, target: float | None, show: Callable[[float], str]) ->
     return f"{show(value)} ({wanted})" if value >= target else f"{show(value)} (below {wanted})"
 
 
+def at_most(value: float, target: float | None) -> str:
+    """A ratio where lower is better, with its ceiling beside it, saying when it is over."""
+    if target is None:
+        return _times(value)
+    wanted = f"target <= {target:g}x"
+    return f"{_times(value)} ({wanted})" if value <= target else f"{_times(value)} (over {wanted})"
+
+
 def _rate(row: Row, loader: str) -> str:
     """A row's median samples/s for a note, with its spread over the rounds if any."""
     spread = row.spread(loader)
@@ -71,6 +79,8 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             row.notes.append(f"of the same loader without them: {against(v / mine, 0.9, _percent)}")
         if row is workers:
             row.notes.extend(_workers_notes(spec, row, base, reference, inline, machine))
+            if reference_row is not None and (cpu := cpu_of_reference(spec, row, reference_row)):
+                row.notes.append(cpu)
         elif row is inline and base:
             row.notes.append(f"of plain loop: {_shares(row, base, _percent)}")
         elif row.kind == "reference" and reference:
@@ -200,6 +210,30 @@ def _workers_notes(
     if others:
         notes.append(f"conveyor vs {', '.join(others)}")
     return notes  # a loader that is not installed says so in its cell
+
+
+CPU_FIGURES = (("main", "main_cpu_ms_per_batch"), ("workers", "workers_cpu_ms_per_batch"))
+
+
+def cpu_of_reference(spec: WorkloadSpec, row: Row, reference: Row) -> str | None:
+    """Each loader's CPU per batch over the reference loop's, the main process's and the
+    workers' apart; conveyor's against the workload's ceilings (lower is better)."""
+    targets = {
+        "main": spec.target_main_of_reference,
+        "workers": spec.target_workers_of_reference,
+    }
+    parts = []
+    for side, figure in CPU_FIGURES:
+        if not (theirs := reference.per_batch(REFERENCE, figure)):
+            continue
+        each = [
+            f"{name} {at_most(mine / theirs, targets[side] if name == 'conveyor' else None)}"
+            for name in ALL
+            if name not in row.errors and (mine := row.per_batch(name, figure)) is not None
+        ]
+        if each:
+            parts.append(f"{side} {', '.join(each)}")
+    return f"CPU per batch over the reference loop's: {'; '.join(parts)}" if parts else None
 
 
 def loader_cpu(rows: list[Row]) -> None:

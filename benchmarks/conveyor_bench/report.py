@@ -122,6 +122,64 @@ def details_table(report: BenchReport) -> str:
     return _table(DETAILS_HEADER, body)
 
 
+CPU_HEADER = (
+    "workload",
+    "config",
+    "loader",
+    "main CPU ms/batch",
+    "workers CPU ms/batch",
+    "main / reference's",
+    "workers / reference's",
+    "all / reference's",
+)
+_CPU_KINDS = ("throughput", "features", "variant", "baseline", "reference")
+
+
+def cpu_table(report: BenchReport) -> str:
+    """CPU per batch of every loader row, the main process's and the workers' apart, and
+    each over the reference loop's (where the workload has one): what a batch costs, far
+    steadier on a shared machine than samples/s."""
+    references = {row.workload: row for row in report.rows if row.kind == "reference"}
+    body = []
+    for row in report.rows:
+        if row.kind not in _CPU_KINDS:
+            continue
+        reference = references.get(row.workload)
+        theirs = _cpu(reference, REFERENCE) if reference is not None else (None, None)
+        total = theirs[0] + theirs[1] if theirs[0] and theirs[1] else None
+        for loader in (*LOADERS, *ALTERNATIVES, PLAIN, REFERENCE):
+            if not row.runs.get(loader) or loader in row.errors:
+                continue
+            main, workers = _cpu(row, loader)
+            every = None if main is None else main + (workers or 0.0)
+            body.append(
+                (
+                    row.workload,
+                    row.config,
+                    loader,
+                    _figure(main),
+                    _figure(workers),
+                    _over(main, theirs[0]),
+                    _over(workers, theirs[1]),
+                    _over(every, total),
+                )
+            )
+    return _table(CPU_HEADER, body)
+
+
+def _cpu(row: Row, loader: str) -> tuple[float | None, float | None]:
+    """A loader's main-process and workers' CPU ms per batch (workers: None without any
+    worker process)."""
+    runs = row.runs.get(loader, [])
+    workers = row.per_batch(loader, "workers_cpu_ms_per_batch")
+    has_workers = any(m.worker_processes for m in runs)
+    return row.per_batch(loader, "main_cpu_ms_per_batch"), workers if has_workers else None
+
+
+def _over(value: float | None, base: float | None) -> str:
+    return DASH if value is None or not base else f"{value / base:.2f}x"
+
+
 def machine_checks(report: BenchReport) -> str:
     """One line per machine check: the plain loop in N bare processes against one."""
     lines = []
@@ -158,12 +216,21 @@ def render(report: BenchReport) -> str:
             "ratio: conveyor's speedup over torch (samples/s conveyor / torch; for startup "
             "and epochs torch seconds / conveyor seconds). Above 1 means conveyor is faster. "
             "±x%: every round was within x% of the median shown.",
+            "## CPU per batch",
+            cpu_table(report),
+            "main CPU: the main process's CPU time per timed batch (all its threads); workers "
+            "CPU: its worker processes' (see Details). The ratios divide by the reference "
+            "loop's figure of the same workload (all: main + workers): the least a "
+            "shared-memory loader spends there, so 1.00x is the floor, not a cap. CPU per "
+            "batch varies far less than samples/s from one run to the next on a shared "
+            "machine.",
             "## Details",
             details_table(report),
             "main CPU: the main process's CPU time per timed batch (all its threads). "
             "workers CPU: the CPU time of its descendants (the workers; under forkserver the "
             "fork server's children; multiprocessing's helpers left out), read from /proc "
-            "when the window starts and ends, per batch. loader's own CPU: main + workers CPU "
+            "(the time their threads ran, schedstat, in ns) when the window starts and ends, "
+            "per batch. loader's own CPU: main + workers CPU "
             "less the plain loop's CPU per batch for the same work (for rows with workers, "
             "the machine check's: the plain loop in as many bare processes side by side), so "
             "it holds collate where the loader collates by default and any slowdown the "

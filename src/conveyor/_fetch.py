@@ -46,6 +46,11 @@ class MapFetcher:
         self.collate_fn = collate_fn
         self._getitems = getattr(dataset, "__getitems__", None) or None
 
+    @property
+    def batched(self) -> bool:
+        """The dataset fetches a batch at once (``__getitems__``)."""
+        return self._getitems is not None
+
     def fetch(self, index: Any) -> Any:
         """The samples of ``index``; a :class:`FetchError` if the dataset raises."""
         if not self.auto_collation:

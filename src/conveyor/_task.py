@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._collate_errors import collate_context
+from ._collate_rows import RowBatch, RowWriter
 from ._dataset_state import WorkerState
 from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices
 from ._reseed import Reseed
@@ -122,6 +123,11 @@ class TaskRunner:
                 self.fetcher.resumed = resume.iter_state is not None
         else:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
+        # Samples written into their rows as they come (see _collate_rows): one at a time
+        # from a map-style dataset, into a batch that a default collate makes.
+        self.rows: RowWriter | None = None
+        if isinstance(self.fetcher, MapFetcher) and auto_collation and not self.fetcher.batched:
+            self.rows = RowWriter.for_collate(collate_fn)
         self.iterable = iterable
         self.auto_collation = auto_collation
         # Seconds the last run spent fetching and collating (statistics, trace).
@@ -165,17 +171,51 @@ class TaskRunner:
         ``trace`` reports each sample's position before fetching it (a retry
         after a crash, to name the sample that kills the worker); ``reseed``
         seeds the random generators before the batch or each sample."""
-        fetcher = self.fetcher
         started = time.monotonic()
         self.fetch_s = self.collate_s = 0.0
         indices = None if self.iterable else batch_indices(index, self.auto_collation)
-        left_out: tuple[LeftOut, ...] = ()
         per_sample = reseed is not None and reseed.mode == "sample" and not self.iterable
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
+        on_position = _position_hook(watcher if trace else None, reseed)
+        fetched: _Streamed | _Fetched | TaskOutcome
+        streaming = self._streaming(indices, exclude, collating)
+        if streaming is not None:
+            assert indices is not None
+            fetched = self._stream(streaming, indices, exclude, on_position)
+        else:
+            one_by_one = bool(trace or exclude or per_sample)
+            fetched = self._fetch(index, indices, exclude, one_by_one, on_position, reseed)
+        if not isinstance(fetched, (_Streamed, _Fetched)):
+            return fetched
+        collating_from = time.monotonic()
+        self.fetch_s = collating_from - started
+        watcher.stage(Stage.COLLATE)
+        if per_sample:
+            assert reseed is not None
+            reseed.before_collate()
+        if isinstance(fetched, _Streamed):
+            outcome = self._finish(fetched)
+        else:
+            outcome = self._collate(fetched, collating)
+        self.collate_s = time.monotonic() - collating_from
+        return outcome
+
+    def _fetch(
+        self,
+        index: Any,
+        indices: list[Any] | None,
+        exclude: tuple[Any, ...],
+        one_by_one: bool,
+        on_position: Callable[[int], None] | None,
+        reseed: Reseed | None,
+    ) -> _Fetched | TaskOutcome:
+        """The batch's samples, fetched at once or (``one_by_one``, or to leave failing
+        ones out) one at a time; or the outcome that ends the task."""
+        fetcher = self.fetcher
+        left_out: tuple[LeftOut, ...] = ()
         try:
-            one_by_one = trace or exclude or per_sample
-            data = _NOT_FETCHED
+            data: Any = _NOT_FETCHED
             if isinstance(fetcher, MapFetcher) and self.skip_errors and not one_by_one:
                 # Skipping needs to know which sample failed, but samples rarely fail:
                 # fetch the batch at once, and one by one only when it raises.
@@ -191,10 +231,7 @@ class TaskRunner:
             ):
                 assert indices is not None
                 samples, indices, failed = fetcher.fetch_each(
-                    indices,
-                    exclude=exclude,
-                    tolerate=self.skip_errors,
-                    on_position=_position_hook(watcher if trace else None, reseed),
+                    indices, exclude=exclude, tolerate=self.skip_errors, on_position=on_position
                 )
                 left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
                 if not samples:
@@ -213,19 +250,101 @@ class TaskRunner:
             return Failed(Stage.FETCH, error, culprit)
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
-        collating_from = time.monotonic()
-        self.fetch_s = collating_from - started
-        watcher.stage(Stage.COLLATE)
-        if per_sample:
-            assert reseed is not None
-            reseed.before_collate()
+        if self.rows is not None and data:
+            self.rows.check(data[0])  # the next batch may stream
+        return _Fetched(data, indices, left_out)
+
+    def _collate(
+        self, fetched: _Fetched, collating: Callable[[], AbstractContextManager[Any]]
+    ) -> TaskOutcome:
+        indices, left_out = fetched.indices, fetched.left_out
         try:
             with collating(), collate_context(indices):
-                batch = self.collate_fn(data)
+                batch = self.collate_fn(fetched.data)
         except Exception as exc:
             return self.batch_failed(Stage.COLLATE, exc, indices, left_out)
-        self.collate_s = time.monotonic() - collating_from
         return Collated(batch, indices, left_out)
+
+    def _streaming(
+        self,
+        indices: list[Any] | None,
+        exclude: tuple[Any, ...],
+        collating: Callable[[], AbstractContextManager[Any]],
+    ) -> RowBatch | None:
+        """A batch to write sample by sample (see _collate_rows), or None: as before."""
+        if self.rows is None or not indices:  # (an empty batch: collate says what it is)
+            return None
+        size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
+        return self.rows.begin(size, collating)
+
+    def _stream(
+        self,
+        batch: RowBatch,
+        indices: list[Any],
+        exclude: tuple[Any, ...],
+        on_position: Callable[[int], None] | None,
+    ) -> _Streamed | NothingLeft | Failed:
+        """Fetch each sample and write it into its row at once (see _collate_rows): what
+        was fetched, or the failure that ends the batch. From the first sample that does
+        not fit the batch's plan on, samples are kept as they are (those before rebuilt
+        from their rows), and the batch is collated as before."""
+        dataset, write = self.dataset, batch.write
+        wanted = [(p, i) for p, i in enumerate(indices) if i not in exclude] if exclude else None
+        left_out: list[LeftOut] = []
+        skipped: set[int] = set()  # their positions
+        rest: list[Any] | None = None  # samples collated as before, once one did not fit
+        for position, i in wanted or enumerate(indices):
+            if on_position is not None:
+                on_position(position)
+            try:
+                sample = dataset[i]
+            except Exception as exc:
+                if not self.skip_errors:
+                    culprit = Culprit((i,))
+                    if isinstance(exc, StopIteration):
+                        exc = _stop_in_getitem(exc, indices, culprit)
+                    return Failed(Stage.FETCH, exc, culprit)
+                left_out.append(LeftOut(i, Stage.FETCH, exc))
+                skipped.add(position)
+                continue
+            if rest is not None:
+                rest.append(sample)
+                continue
+            try:
+                written = write(sample)
+            except Exception:  # it does not fit the plan (whatever it is)
+                written = False
+            if not written:
+                rest = [*batch.samples(), sample]
+                continue
+            # Its memory goes back now, for the next sample to reuse while it is in cache.
+            del sample
+            if batch.rows == 1:
+                batch.first_dropped()
+        if skipped:
+            kept = [i for p, i in wanted or enumerate(indices) if p not in skipped]
+        else:
+            kept = indices if wanted is None else [i for _, i in wanted]
+        if not kept:
+            return NothingLeft(tuple(left_out))
+        return _Streamed(batch, kept, left_out, rest)
+
+    def _finish(self, streamed: _Streamed) -> TaskOutcome:
+        """The streamed batch made whole, or collated as before where it must be."""
+        batch, kept, rest = streamed.batch, streamed.kept, streamed.rest
+        left_out = tuple(streamed.left_out)
+        with collate_context(kept):
+            if rest is None:
+                try:
+                    return Collated(batch.finish(), kept, left_out)
+                except Exception:  # the collate function's own rules say what happens
+                    rest = batch.samples()
+            try:
+                with batch.context():
+                    made = self.collate_fn(rest)
+            except Exception as exc:
+                return self.batch_failed(Stage.COLLATE, exc, kept, left_out)
+        return Collated(made, kept, left_out)
 
     def batch_failed(
         self,
@@ -244,6 +363,25 @@ class TaskRunner:
 
 
 _NOT_FETCHED = object()
+
+
+@dataclass
+class _Fetched:
+    """A batch's samples fetched (see TaskRunner._fetch)."""
+
+    data: Any  # the samples (one sample without automatic batching)
+    indices: list[Any] | None  # their dataset indices; None for iterable datasets
+    left_out: tuple[LeftOut, ...] = ()
+
+
+@dataclass
+class _Streamed:
+    """What a streamed fetch gathered (see TaskRunner._stream)."""
+
+    batch: RowBatch
+    kept: list[Any]  # dataset indices fetched
+    left_out: list[LeftOut]  # samples that failed (skipped)
+    rest: list[Any] | None  # samples to collate as before, once one did not fit
 
 
 def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[int], None] | None:

@@ -297,6 +297,44 @@ def _exact_leaves() -> _Leaves:
     return leaves
 
 
+# --- what streaming collate (_collate_rows.py) asks ----------------------------------
+
+
+def streams(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` is a default collate: this module's ``default_collate`` or
+    ``numpy_collate``, or torch's ``default_collate``, whose rules are ours."""
+    return (
+        collate_fn is default_collate
+        or collate_fn is numpy_collate
+        or (collate_fn is getattr(sys.modules.get(_TORCH_COLLATE), "default_collate", None))
+    )
+
+
+_TORCH_COLLATE = "torch.utils.data._utils.collate"
+
+
+def stream_rules(collate_fn: Any, *, need_torch: bool = False) -> tuple[_Leaves, Dispatch | None]:
+    """The leaf rules and the registries' lookup ``collate_fn`` collates a batch with now;
+    ``need_torch``: those it turns to when a worker deferring torch meets what only torch can
+    collate (``default_collate``'s ``_NeedsTorch``)."""
+    if collate_fn is numpy_collate:
+        if torch is None and "torch" in sys.modules:
+            _adopt_torch()  # recognise the user's tensors, as numpy_collate does
+        return _NUMPY, _registry.own_only()
+    if collate_fn is default_collate:
+        leaves = _exact_leaves() if need_torch else _default_leaves()
+        return leaves, _registry.both()
+    torch_map = sys.modules[_TORCH_COLLATE].default_collate_fn_map
+    return _exact_leaves(), _registry.given(torch_map)
+
+
+def collate_column(
+    column: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Dispatch | None
+) -> Any:
+    """The values of one place in a batch's samples, collated as that place of the batch."""
+    return _collate(column, path, leaves, rules)
+
+
 def _default_rule(rule: Rule, batch: Sequence[Any], collate_fn_map: Any) -> Any:
     rules = None if collate_fn_map is None else _registry.given(collate_fn_map)
     return _by_rule(rule, batch, (), _exact_leaves(), rules)

@@ -138,7 +138,19 @@ def test_workloads_match_the_documented_settings() -> None:
     assert WORKLOADS["cpu"].target_speedup == 1.9
     assert WORKLOADS["decode"].machine_target
     assert WORKLOADS["text"].target_vs_inline == 1.7
-    assert {n for n, spec in WORKLOADS.items() if spec.target_vs_inline == 1.0} == {"decode", "cpu"}
+    # Issue 36's: tiny's workers at least its num_workers=0; CPU per batch over the
+    # reference loop's at most 1.5x (main process) and 1.15x (workers).
+    assert {n for n, spec in WORKLOADS.items() if spec.target_vs_inline == 1.0} == {
+        "decode",
+        "cpu",
+        "tiny",
+    }
+    ceilings = {
+        n: (spec.target_main_of_reference, spec.target_workers_of_reference)
+        for n, spec in WORKLOADS.items()
+        if spec.target_main_of_reference is not None
+    }
+    assert ceilings == {name: (1.5, 1.15) for name in ("tiny", "image", "fresh")}
     assert {n for n, spec in WORKLOADS.items() if spec.alternatives} == {
         "tiny",
         "image",
@@ -295,6 +307,37 @@ def test_report_renders_rows_ratios_and_failures() -> None:
     assert "| startup | spawn | 1.00 s | 3.00 s | 3.00x |" in text
     assert "| cpu | 2 workers | error | 100 | - |" in text
     assert json.loads(json.dumps(to_json(report)))["rows"][0]["ratio"] == 2.0
+
+
+def test_cpu_per_batch_is_shown_against_the_reference_loops() -> None:
+    """Main and workers CPU per batch of every loader row, over the reference loop's; the
+    workers row's note holds conveyor's against the issue's ceilings (made-up numbers)."""
+
+    def cpu(main_s: float, workers_s: float | None) -> Measurement:
+        return dataclasses.replace(
+            _fake(1.0),
+            main_cpu_s=main_s,
+            workers_cpu_s=workers_s,
+            worker_processes=0 if workers_s is None else 2,
+        )
+
+    # 10 batches a run: CPU seconds / 10 = ms per batch * 100.
+    rows = [
+        Row("fresh", "2 workers", "throughput", {"conveyor": [cpu(0.002, 0.012)]}),
+        Row("fresh", runner.INLINE_CONFIG, "throughput", {"conveyor": [cpu(0.02, None)]}),
+        Row("fresh", "reference loop", "reference", {"reference": [cpu(0.001, 0.01)]}),
+        Row("text", "2 workers", "throughput", {"conveyor": [cpu(0.003, 0.004)]}),
+    ]
+    benchmark_notes.annotate(WORKLOADS["fresh"], rows[:3])
+    assert rows[0].notes[-1] == (
+        "CPU per batch over the reference loop's: main conveyor 2.00x (over target <= 1.5x); "
+        "workers conveyor 1.20x (over target <= 1.15x)"
+    )
+    text = render(BenchReport({"cores": "2"}, BenchOptions(), rows))
+    assert "| fresh | 2 workers | conveyor | 0.20 | 1.20 | 2.00x | 1.20x | 1.27x |" in text
+    assert "| fresh | num_workers=0 | conveyor | 2.00 | - | 20.00x | - | 1.82x |" in text
+    assert "| fresh | reference loop | reference | 0.10 | 1.00 | 1.00x | 1.00x | 1.00x |" in text
+    assert "| text | 2 workers | conveyor | 0.30 | 0.40 | - | - | - |" in text
 
 
 def test_summary_shows_each_figure_with_its_spread_over_the_rounds() -> None:

@@ -93,6 +93,23 @@ def test_falls_back_to_the_pipe_when_every_slot_is_held(pair):
     assert [int(b[0]) for b in held] == list(range(slots + 2))
 
 
+def test_a_batch_that_never_reaches_encode_gives_its_slot_back(pair):
+    """Its fetch or collate failed after collate leased a slot: the next lease gives it
+    back (before, the main process held it for good, and after max_slots such batches
+    every batch went through the pipe)."""
+    encoder, decoder, _ = pair
+    encoder.encode(np.zeros(1000))  # sizes the next leases
+    for i in range(6):  # twice max_slots: a collate that fails every time
+        with encoder.collating():
+            numpy_collate([np.full(1000, i)] * 2)  # written into the slot, never sent
+    with encoder.collating():
+        batch = numpy_collate([np.full(1000, 7)] * 2)
+    payload = encoder.encode(batch)
+    assert isinstance(payload, SlotPayload)
+    np.testing.assert_array_equal(decoder.decode(payload), np.full((2, 1000), 7))
+    assert len(encoder.arena._slots) <= 3
+
+
 def test_slots_beyond_max_slots_stay_within_the_run_ahead_budget() -> None:
     # A worker's slots: max_slots of any size, plus as many as fit its share of the
     # run-ahead budget. Memory stays under max_slots x the largest batch + the budget.

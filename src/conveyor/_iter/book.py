@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._fetch import batch_indices
-from .._workers.protocol import BatchDone, IterationEnded, Task, TaskReply
+from .._workers.protocol import BatchDone, IterationEnded, Task, TaskReply, builder
 from ..config import SupervisionPolicy
 from ..records import SkippedSample
 from .run_ahead import RunAhead
@@ -46,6 +46,7 @@ ITERABLE, BATCH, SINGLE = range(3)  # how a task's ``index`` holds dataset indic
 # verdict of a suspect tried alone (freed too; the crash judge clears the suspect).
 FILED, STALE, SURVIVED = range(3)
 _FROM_THE_START = Position()
+_new_task = builder(Task)  # once per batch: without the frozen __init__'s cost
 
 
 # --- what the book keeps ------------------------------------------------------------
@@ -115,6 +116,7 @@ class TaskBook:
         self.skips = SkipLedger(skipped, policy)
         self.shape = ITERABLE if iterable else BATCH if auto_collation else SINGLE
         self.workers = [WorkerRecord() for _ in range(num_workers)]
+        self._serving = num_workers  # workers not retired (asked for at every dispatch)
         self.ahead = RunAhead(num_workers, prefetch, run_ahead_bytes)
         self.batch_time = 0.0  # moving average of the workers' own time per task
         self.last_reply_at = now
@@ -164,12 +166,13 @@ class TaskBook:
     @property
     def serving(self) -> int:
         """Workers that get tasks (all but those retired)."""
-        return sum(1 for record in self.workers if not record.retired)
+        return self._serving
 
     def add_worker(self) -> int:
         """One more worker, from now on; its id."""
         self.workers.append(WorkerRecord())
         self.num_workers += 1
+        self._serving += 1
         self._active += 1
         self.ahead.add_worker()
         return self.num_workers - 1
@@ -179,6 +182,7 @@ class TaskBook:
         record = self.workers[worker_id]
         if not record.retired:
             record.retired = True
+            self._serving -= 1
             if record.active:
                 record.active = False
                 self._active -= 1
@@ -207,13 +211,13 @@ class TaskBook:
         per worker are sent and not handed out, and the sampler has more."""
         if self._sampler_done or self._fatal is not None:
             return False
-        return len(self.tasks) < (self.prefetch + self.ahead.extra) * self.serving
+        return len(self.tasks) < (self.prefetch + self.ahead.extra) * self._serving
 
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._fatal is not None:
             return None
-        capacity = (self.prefetch + self.ahead.extra) * self.serving // max(1, self._active)
+        capacity = (self.prefetch + self.ahead.extra) * self._serving // max(1, self._active)
         for _ in range(self.num_workers):
             worker_id = self._cursor
             self._cursor = (self._cursor + 1) % self.num_workers
@@ -251,10 +255,10 @@ class TaskBook:
             entry.exclude, entry.left_out = self.skips.left_out_up_front(entry.indices, worker_id)
         self.tasks[seq] = entry
         self.workers[worker_id].in_flight += 1
-        return Task(
-            self.epoch,
-            seq,
-            index,
+        return _new_task(
+            epoch=self.epoch,
+            seq=seq,
+            index=index,
             exclude=entry.exclude,
             first_sample=first_sample,
             want_state=want_state,

@@ -194,6 +194,10 @@ class Encoder:
         follow), so even the first batch is never stacked on the heap and then copied
         (a 640 MiB batch would need twice that at its peak).
         """
+        if self._lease is not None:
+            # The last batch never reached encode (its fetch or collate failed): its slot
+            # goes back, once the worker's arrays in it are garbage too.
+            self.arena.release((self._lease.slot.slot_id,))
         self._lease = self._acquire(self._size_hint) if self._size_hint else None
         return _Collating(self._lease.allocate if self._lease else self._allocate_first)
 

@@ -59,6 +59,7 @@ class WorkerPool:
         self._killed: dict[int, int] = {}  # a process the pool killed (its pid) -> for which core
         self._retired: list[Worker] = []  # replaced: their batches may still be decoded
         self._let_go: set[int] = set()  # ids stopped for good (num_workers="auto")
+        self._serving_now: list[Worker] | None = None  # see _serving
         self._closed = False
         self._owner_pid = os.getpid()
         self._method = start_method
@@ -102,6 +103,7 @@ class WorkerPool:
                 self._setup,
                 self._preload,
             )
+            self._serving_now = None
             for worker in cores:
                 if worker.worker_id < len(self._workers):
                     self._workers[worker.worker_id] = worker  # a replacement
@@ -340,6 +342,7 @@ class WorkerPool:
         """Stop a worker that has no task left, for good (it is not replaced)."""
         worker = self._workers[worker_id]
         self._let_go.add(worker_id)
+        self._serving_now = None
         with contextlib.suppress(OSError, ValueError):
             worker.outbox.send(Stop())
         escalate([worker])
@@ -349,7 +352,13 @@ class WorkerPool:
         self._retired.append(worker)  # its batches the user holds stay readable
 
     def _serving(self) -> list[Worker]:
-        return [w for i, w in enumerate(self._workers) if i not in self._let_go]
+        """The workers not let go (asked for several times a batch: kept until they change)."""
+        serving = self._serving_now
+        if serving is None:
+            let_go = self._let_go
+            serving = [w for i, w in enumerate(self._workers) if i not in let_go]
+            self._serving_now = serving
+        return serving
 
     def restart(self, worker_id: int) -> None:
         """Start a new worker in place of a dead one (same id, same seed): its whole

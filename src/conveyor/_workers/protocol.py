@@ -16,11 +16,35 @@ abandoned epoch) is bookkeeping on those two numbers in the main process.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import Culprit
+
+_T = TypeVar("_T")
+
+
+def builder(cls: type[_T]) -> Callable[..., _T]:
+    """Makes a message from keyword fields without calling its ``__init__``, which sets
+    each field through ``object.__setattr__`` (frozen): the fields given, the others their
+    defaults. For the messages made once per batch (a task, a batch's reply): a third of
+    their cost."""
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is not dataclasses.MISSING
+    }
+    new = object.__new__
+
+    def build(**fields: Any) -> _T:
+        made = new(cls)
+        made.__dict__.update(defaults, **fields)
+        return made
+
+    return build
 
 
 class Stage(str, Enum):

@@ -32,7 +32,7 @@ from typing import Any
 
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
-from .protocol import BatchDone, Task
+from .protocol import BatchDone, Task, builder
 
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
@@ -153,10 +153,10 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        payload = SlotPayload(
+        payload = _new_payload(
             slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
         )
-        return BatchDone(
+        return _new_batch_done(
             epoch=epoch,
             seq=seq,
             payload=payload,
@@ -166,6 +166,10 @@ class BodyDecoder:
             collate_s=collate_s,
             encode_s=encode_s,
         )
+
+
+_new_payload = builder(SlotPayload)
+_new_batch_done = builder(BatchDone)
 
 
 def _decode_task(body: memoryview) -> Task:
