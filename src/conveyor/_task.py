@@ -293,7 +293,8 @@ class TaskRunner:
         left_out: list[LeftOut] = []
         skipped: set[int] = set()  # their positions
         rest: list[Any] | None = None  # samples collated as before, once one did not fit
-        for position, i in wanted or enumerate(indices):
+        # (every sample excluded: ``wanted`` is empty, and nothing is fetched)
+        for position, i in enumerate(indices) if wanted is None else wanted:
             if on_position is not None:
                 on_position(position)
             try:
@@ -322,7 +323,8 @@ class TaskRunner:
             if batch.rows == 1:
                 batch.first_dropped()
         if skipped:
-            kept = [i for p, i in wanted or enumerate(indices) if p not in skipped]
+            pairs = enumerate(indices) if wanted is None else wanted
+            kept = [i for p, i in pairs if p not in skipped]
         else:
             kept = indices if wanted is None else [i for _, i in wanted]
         if not kept:

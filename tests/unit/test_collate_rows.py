@@ -302,6 +302,14 @@ def test_excluded_samples_are_not_fetched() -> None:
     assert isinstance(got, Collated) and got.indices == [5, 7]
 
 
+def test_a_batch_whose_every_sample_is_excluded_fetches_none() -> None:
+    # A sample proven to kill its worker, alone in its batch: the batch is left empty.
+    streaming = runner(big.ChangingDataset("raise", at=6))
+    assert isinstance(streaming.run([5]), Collated)  # the plan the next batch streams with
+    got = streaming.run([6], exclude=(6,))
+    assert isinstance(got, NothingLeft) and got.left_out == ()
+
+
 def test_an_empty_batch_is_collates_error() -> None:
     got, expected = both(big.BigDataset(), [])
     assert_same_outcome(got, expected)
