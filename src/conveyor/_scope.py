@@ -17,14 +17,19 @@ import contextvars
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .worker_info import WorkerInfo
-
-__all__ = ["GLOBAL_GENERATORS", "ModuleStandIns", "WorkerRng", "WorkerScope", "current", "entered"]
+__all__ = [
+    "GLOBAL_GENERATORS",
+    "ModuleStandIns",
+    "WorkerInfo",
+    "WorkerRng",
+    "WorkerScope",
+    "current",
+    "entered",
+]
 
 
 class WorkerRng:
@@ -81,6 +86,26 @@ class WorkerRng:
             generator.manual_seed(self._seeds[2])
             self._torch = generator
         return self._torch
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Describes the worker running the current code (torch 2.13's fields).
+
+    ``dataset`` is this worker's own copy of the dataset: under ``spawn`` and
+    ``forkserver`` it is a different object from the one in the main process.
+    ``rng`` holds this worker's own generators (``random_generator``,
+    ``numpy_generator``, ``torch_generator``), seeded like the worker and reseeded
+    with ``reseed``: draw from them and the draws are the same for every kind of
+    worker. ``worker_method`` is ``"multiprocessing"`` or ``"thread"``, as torch's.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    rng: WorkerRng | None = None
+    worker_method: str = "multiprocessing"
 
 
 class _GlobalGenerators:

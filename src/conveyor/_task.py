@@ -19,8 +19,8 @@ from ._collate_errors import collate_context
 from ._collate_rows import RowBatch, RowWriter
 from ._dataset_state import WorkerState
 from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices
+from ._protocol import Stage
 from ._reseed import Reseed
-from ._workers.protocol import Stage
 from .errors import CollateError, Culprit
 from .stateful import is_stateful, load_into, save_of
 

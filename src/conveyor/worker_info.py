@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from . import _scope, _torch
-from ._scope import WorkerRng
+from ._scope import WorkerInfo  # defined beside the scope that holds it; public here
 
 __all__ = ["WorkerInfo", "get_worker_info"]
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """Describes the worker running the current code (torch 2.13's fields).
-
-    ``dataset`` is this worker's own copy of the dataset: under ``spawn`` and
-    ``forkserver`` it is a different object from the one in the main process.
-    ``rng`` holds this worker's own generators (``random_generator``,
-    ``numpy_generator``, ``torch_generator``), seeded like the worker and reseeded
-    with ``reseed``: draw from them and the draws are the same for every kind of
-    worker. ``worker_method`` is ``"multiprocessing"`` or ``"thread"``, as torch's.
-    """
-
-    id: int
-    num_workers: int
-    seed: int
-    dataset: Any
-    rng: WorkerRng | None = None
-    worker_method: str = "multiprocessing"
 
 
 def get_worker_info() -> WorkerInfo | None:

@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from conveyor._protocol import Died, Ready, SeedPipe, Stage, StartupFailed, Task, WorkerStatus
 from conveyor._transport.codec import InlinePayload, dumps
-from conveyor._workers.api import Abilities
+from conveyor._workers.api import Abilities, PoolEvent, Received
 from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
-from conveyor._workers.events import Died, PoolEvent, Received
-from conveyor._workers.protocol import Ready, SeedPipe, Stage, StartupFailed, Task
-from conveyor._workers.status import MemoryStatus, WorkerStatus
+from conveyor._workers.status import MemoryStatus
 from conveyor.config import StartMethod
 
 IDLE = WorkerStatus(-1, -1, None, -1, 0.0)

@@ -8,18 +8,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor._iter.book import FILED, SURVIVED, TaskBook
-from conveyor._iter.crashes import CrashJudge, GiveUpAt, Restart
-from conveyor._iter.deadlines import Busy, Deadlines, Overdue, Stalled, TimedOut
+from conveyor._iter.crashes import CrashJudge
+from conveyor._iter.deadlines import Deadlines
+from conveyor._iter.facts import GiveUpAt, Overdue, Restart, Stalled, TimedOut
+from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import Handout
 from conveyor._iter.tally import Tally
-from conveyor._workers.events import Died
-from conveyor._workers.protocol import BatchDone, Stage
-from conveyor._workers.status import WorkerStatus
+from conveyor._protocol import BatchDone, Busy, Died, Stage, Task, WorkerStatus
 from conveyor.config import SupervisionPolicy
 from conveyor.records import SkippedSample
 
 DONE = object()  # a batch payload stand-in
 SIGKILL, SIGSEGV, EXIT3 = -9, -11, 3  # exit codes: killed from outside, crashes of its own
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A Restart verdict as the loop applies it: ``resend`` is the tasks the book made for
+    the replacement, in order; the verdict's other fields read through."""
+
+    verdict: Restart
+    resend: tuple[Task, ...]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.verdict, name)
 
 
 @dataclass
@@ -30,22 +42,25 @@ class Loop:
     skipped: list[SkippedSample]
     tally: Tally
 
-    def die(self, death: Died, now: float) -> Restart | None:
+    def die(self, death: Died, now: float) -> Restarted | None:
         """A worker died: the judge's Restart, applied; None when it gave up."""
         verdict = self.judge.on_death(death)
         if isinstance(verdict, GiveUpAt):
             self.book.give_up(verdict.error, verdict.place)
+            self.book.not_replaced(death.worker_id)
             return None
-        self.book.restarted(verdict, now)
+        tasks = self.book.restarted(verdict, now)
         self.tally.restarted(verdict.worker_id, verdict.retried, death.charged)
         self.deadlines.count_from(now)
-        return verdict
+        return Restarted(verdict, tuple(tasks))
 
     def reply(self, seq: int, now: float | None = None, **kw: Any) -> bool:
         """Task ``seq`` answered with a batch; False if the reply is refused."""
         b = self.book
         reply = BatchDone(b.epoch, seq, DONE, **kw)
-        filed = b.on_reply(b.tasks[seq].worker_id, reply, now=now)
+        entry = b.view.entry(seq)
+        assert entry is not None
+        filed = b.on_reply(entry.worker_id, reply, now=now)
         if filed == SURVIVED:
             self.judge.survived(seq)
         return filed == FILED
@@ -57,7 +72,7 @@ class Loop:
                 self.deadlines.reported(item)
             elif isinstance(item, TimedOut):
                 if item.reason is not None:
-                    self.judge.killing(item.worker_id, item.reason, stacks)
+                    self.book.killing(item.worker_id, kill_reason(item.reason, stacks))
                 if item.error is not None:
                     self.book.give_up(item.error, item.place)
         return overdue
@@ -83,8 +98,8 @@ def loop(workers: int = 2, prefetch: int = 2, in_order: bool = True, **policy: A
         run_ahead_bytes=run_ahead_bytes,
     )
     b.start_epoch(0, 100)
-    judge = CrashJudge(b, supervision, iterable=iterable)
-    deadlines = Deadlines(b, supervision, timeout=timeout)
+    judge = CrashJudge(b.view, supervision, iterable=iterable)
+    deadlines = Deadlines(b.view, supervision, timeout=timeout)
     return Loop(b, judge, deadlines, skipped, Tally(workers))
 
 

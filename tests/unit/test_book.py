@@ -10,15 +10,16 @@ from tests.helpers.tables import DONE, batches, dispatch, loop, step_kinds
 
 from conveyor._iter import failures
 from conveyor._iter.book import FILED, STALE, TaskBook
-from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Position, Wait
+from conveyor._iter.facts import Position
+from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Wait
 from conveyor._iter.tally import Tally
-from conveyor._workers.protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
+from conveyor._protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
 from conveyor._workers.remote_error import capture
 
 
 def reply(b: TaskBook, seq: int, slot_bytes: int = 0, **kw: object) -> bool:
     reply = BatchDone(b.epoch, seq, DONE, **kw)  # type: ignore[arg-type]
-    return b.on_reply(b.tasks[seq].worker_id, reply, slot_bytes=slot_bytes) == FILED
+    return b.on_reply(b.view.entry(seq).worker_id, reply, slot_bytes=slot_bytes) == FILED
 
 
 # --- delivery ---------------------------------------------------------------------
@@ -82,7 +83,7 @@ def test_new_epoch_forgets_the_old_epochs_tasks_and_returns_what_came_unused() -
     abandoned = b.start_epoch(1, 100)  # persistent workers, the user broke out of epoch 0
     assert [e.seq for e in abandoned] == [0]  # its batch came: the loop gives it back
     assert b.ahead.stale == [1, 2]  # still to answer: 2 (worker 0), 1 and 3
-    assert b.tasks == {}
+    assert list(b.view.entries()) == []
     assert b.on_reply(0, BatchDone(0, 2, DONE)) == STALE  # epoch 0's replies are stale now
     assert b.ahead.stale == [0, 2]
     assert dispatch(b, batches(1)) == [(0, 0)]
@@ -275,12 +276,12 @@ def test_a_batchs_sample_count_comes_from_its_task_when_the_task_can_say() -> No
     (_, plain), (w1, skipping) = dispatch(b, [[0, 1, 2], [3, 4, 5]])
     reply(b, plain)
     b.on_reply(w1, BatchDone(b.epoch, skipping, DONE, skipped=(failed_sample(4),)))
-    tally.delivered_from(b.tasks[plain], "a batch of tensors")  # never looked at
+    tally.delivered_from(b.view.entry(plain), "a batch of tensors")  # never looked at
     assert tally.samples == 3
-    tally.delivered_from(b.tasks[skipping], [[3, 5]])  # only the batch knows: 2
+    tally.delivered_from(b.view.entry(skipping), [[3, 5]])  # only the batch knows: 2
     assert tally.samples == 5
     iterable = loop(iterable=True).book
     [(_, seq)] = dispatch(iterable, [[None, None]])  # type: ignore[list-item]
     reply(iterable, seq)
-    tally.delivered_from(iterable.tasks[seq], [[7]])  # an iterable's batch may be short
+    tally.delivered_from(iterable.view.entry(seq), [[7]])  # an iterable's batch may be short
     assert (tally.batches, tally.samples) == (3, 6)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import conveyor
+from conveyor._protocol import BatchDone, Ready, Stop, Task
 from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
-from conveyor._workers.protocol import BatchDone, Ready, Stop, Task
 from conveyor._workers.status import MemoryStatus
 from conveyor.collate import default_collate
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from conveyor._protocol import WorkerStatus
 from conveyor._workers.stacks import crashed_core, thread_stack
-from conveyor._workers.status import WorkerStatus
 
 CRASH = """Fatal Python error: Segmentation fault
 

@@ -11,6 +11,7 @@ from tests.helpers.tables import (
     SIGKILL,
     SIGSEGV,
     Loop,
+    Restarted,
     batches,
     died,
     dispatch,
@@ -19,9 +20,10 @@ from tests.helpers.tables import (
     step_kinds,
 )
 
-from conveyor._iter.crashes import GiveUpAt, Restart
+from conveyor._iter.facts import GiveUpAt
+from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import GiveUp, Handout, Wait
-from conveyor._workers.protocol import Stage
+from conveyor._protocol import Stage
 from conveyor.errors import WorkerCrashedError
 
 
@@ -30,20 +32,20 @@ def test_a_dead_workers_unanswered_tasks_are_resent_to_its_replacement() -> None
     dispatch(world.book, batches(4))  # worker 0 holds 0 and 2
     world.reply(0)
     decision = world.die(died(0, 2), now=1.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [(t.seq, t.index, t.trace) for t in decision.resend] == [(2, [4, 5], True)]
     assert "exited unexpectedly during fetch of batch 2" in decision.report
     assert "SIGSEGV" in decision.report
     assert (world.tally.restarts, world.tally.retried) == (1, 1)
-    assert world.book.tasks[2].sent_at == 1.0
+    assert world.book.view.entry(2).sent_at == 1.0
 
 
 def test_a_sample_named_by_a_death_is_tried_alone_in_a_fresh_worker_first() -> None:
     world = loop()
     dispatch(world.book, batches(4))  # worker 0 holds 0 ([0, 1]) and 2 ([4, 5])
-    assert isinstance(world.die(died(0, 0), 1.0), Restart)
+    assert isinstance(world.die(died(0, 0), 1.0), Restarted)
     decision = world.die(died(0, 0, position=1), 2.0)  # the traced retry: index 1
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     # The suspect alone comes first; then the task itself (traced) and the others.
     assert [(t.seq, t.index, t.trace, t.first_sample) for t in decision.resend] == [
         (0, [1], True, 1),
@@ -83,7 +85,7 @@ def test_a_suspect_that_survives_alone_is_cleared_and_its_task_answered_as_usual
     assert not world.reply(0)
     assert world.reply(0)  # the task itself, whole
     assert step_kinds(world.book, 1) == [0]
-    assert 0 not in world.book.tasks
+    assert world.book.view.entry(0) is None
     assert world.skipped == []
 
 
@@ -96,7 +98,7 @@ def test_after_a_cleared_suspect_the_evidence_starts_again() -> None:
     # Its batch kills the worker at index 1 again (memory the samples before it leaked,
     # say): a suspect again, tried alone again, not accused.
     decision = world.die(died(0, 0, position=1), 3.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [t.index for t in decision.resend[:2]] == [[1], [0, 1]]
 
 
@@ -106,7 +108,7 @@ def test_a_probe_lost_with_a_worker_dying_at_start_up_is_tried_again_first() -> 
     world.die(died(0, 0), 1.0)
     world.die(died(0, 0, position=1), 2.0)
     decision = world.die(died(0, -1, Stage.STARTUP, code=SIGKILL), 3.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [(t.seq, t.index) for t in decision.resend] == [(0, [1]), (0, [0, 1]), (2, [4, 5])]
     assert world.die(probe_died(0, 0), 4.0) is None  # the probe's death still counts
 
@@ -115,7 +117,7 @@ FETCH, TRACED, ALONE, COLLATE = "fetch", "traced", "alone", "collate"
 SURVIVES = ("survives", 0)  # the suspect's probe answers
 
 
-def _event(world: Loop, what: tuple[str, int], now: float) -> Restart | bool | None:
+def _event(world: Loop, what: tuple[str, int], now: float) -> Restarted | bool | None:
     where, code = what
     if what == SURVIVES:
         return world.reply(0)
@@ -166,7 +168,7 @@ def test_evidence_needed_to_call_a_sample_poison(
     dispatch(world.book, batches(4))
     outcomes = [_event(world, event, float(i)) for i, event in enumerate(events)]
     deaths = [o for e, o in zip(events, outcomes, strict=True) if e != SURVIVES]
-    assert all(isinstance(d, Restart) for d in deaths[:-1])
+    assert all(isinstance(d, Restarted) for d in deaths[:-1])
     assert (deaths[-1] is None) == poison
     if poison:
         step = world.book.next_step()
@@ -188,9 +190,9 @@ def test_a_one_sample_batch_is_its_own_probe(codes: list[int], poison: bool) -> 
     world = loop(max_worker_restarts=10)
     dispatch(world.book, batches(4, size=1))
     decisions = [world.die(died(0, 0, code=c), float(i)) for i, c in enumerate(codes)]
-    assert all(isinstance(d, Restart) for d in decisions[:-1])
+    assert all(isinstance(d, Restarted) for d in decisions[:-1])
     first = decisions[0]
-    assert isinstance(first, Restart)
+    assert isinstance(first, Restarted)
     assert [(t.seq, t.index, t.trace) for t in first.resend] == [(0, [0], True), (2, [2], False)]
     assert "after trying dataset index 0 alone" in first.report
     assert (decisions[-1] is None) == poison
@@ -203,7 +205,7 @@ def test_under_skip_the_poison_sample_is_left_out_and_the_task_retried_without_i
     world.die(died(0, 0), 1.0)
     world.die(died(0, 0, position=1), 2.0)
     decision = world.die(probe_died(0, 0), 3.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [(t.seq, t.index, t.exclude) for t in decision.resend] == [
         (0, [0, 1], (1,)),
         (2, [4, 5], ()),
@@ -226,7 +228,7 @@ def test_a_sample_proven_by_kills_from_outside_is_tried_again_next_epoch() -> No
     world.die(died(0, 0, position=1, code=SIGKILL), 2.0)
     world.die(probe_died(0, 0, SIGKILL), 3.0)
     decision = world.die(probe_died(0, 0, SIGKILL), 4.0)
-    assert isinstance(decision, Restart) and decision.resend[0].exclude == (1,)
+    assert isinstance(decision, Restarted) and decision.resend[0].exclude == (1,)
     world.reply(0)
     b.next_step()
     assert [(s.index, s.stage) for s in world.skipped] == [(1, "killed")]
@@ -240,7 +242,7 @@ def test_a_batch_proven_to_kill_outside_fetching_is_settled_empty_under_skip() -
     dispatch(world.book, batches(4))
     world.die(died(0, 0, Stage.COLLATE), 1.0)
     decision = world.die(died(0, 0, Stage.COLLATE), 2.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [t.seq for t in decision.resend] == [2]  # nothing of batch 0 is tried again
     step = world.book.next_step()
     assert isinstance(step, Handout) and step.entry.seq == 0
@@ -252,16 +254,16 @@ def test_deaths_a_sample_is_proven_to_cause_are_not_charged_to_the_restart_budge
     world = loop(on_error="skip", max_errors=3)
     dispatch(world.book, batches(4))
     for event in [died(0, 0, code=SIGKILL), died(0, 0, position=1, code=SIGKILL)]:
-        assert isinstance(world.die(event, 1.0), Restart)
-    assert isinstance(world.die(probe_died(0, 0, SIGKILL), 2.0), Restart)
+        assert isinstance(world.die(event, 1.0), Restarted)
+    assert isinstance(world.die(probe_died(0, 0, SIGKILL), 2.0), Restarted)
     assert world.judge.charged == 3
     decision = world.die(probe_died(0, 0, SIGKILL), 3.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert "not counted against max_worker_restarts" in decision.report
     assert (world.tally.restarts, world.judge.charged) == (4, 0)
     # Another death, of no sample's doing, has the whole budget again.
     decision = world.die(died(1, 1, code=SIGKILL), 4.0)
-    assert isinstance(decision, Restart) and "(restart 1 of 3)" in decision.report
+    assert isinstance(decision, Restarted) and "(restart 1 of 3)" in decision.report
 
 
 def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
@@ -282,7 +284,7 @@ def test_outside_kills_during_start_up_are_bounded_by_the_restart_budget_only() 
     dispatch(world.book, batches(2))
     for i in range(3):
         decision = world.die(died(0, -1, Stage.STARTUP, code=SIGKILL), float(i))
-        assert isinstance(decision, Restart)
+        assert isinstance(decision, Restarted)
     assert world.die(died(0, -1, Stage.STARTUP, code=SIGKILL), 4.0) is None
     step = world.book.next_step()
     assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
@@ -291,9 +293,9 @@ def test_outside_kills_during_start_up_are_bounded_by_the_restart_budget_only() 
 def test_two_start_up_deaths_in_a_row_give_up_and_a_ready_worker_resets_the_run() -> None:
     world = loop(max_worker_restarts=10)
     dispatch(world.book, batches(2))
-    assert isinstance(world.die(died(0, -1, Stage.STARTUP), 1.0), Restart)
-    world.judge.on_ready(0)
-    assert isinstance(world.die(died(0, -1, Stage.STARTUP), 2.0), Restart)
+    assert isinstance(world.die(died(0, -1, Stage.STARTUP), 1.0), Restarted)
+    world.book.on_ready(0)
+    assert isinstance(world.die(died(0, -1, Stage.STARTUP), 2.0), Restarted)
     assert world.die(died(0, -1, Stage.WORKER_INIT), 3.0) is None
     step = world.book.next_step()
     assert isinstance(step, GiveUp) and "died the same way in its replacement" in str(step.error)
@@ -310,16 +312,17 @@ def test_an_iterable_datasets_worker_is_not_restarted() -> None:
 def test_a_worker_the_loop_killed_is_reported_as_killed_and_not_as_evidence() -> None:
     world = loop(max_worker_restarts=10)
     dispatch(world.book, batches(4, size=1))
-    world.judge.killing(0, "stuck (fetch) past timeout=5, so conveyor killed it", "  File 'x'")
+    reason = "stuck (fetch) past timeout=5, so conveyor killed it"
+    world.book.killing(0, kill_reason(reason, "  File 'x'"))
     decision = world.die(died(0, 0, code=SIGKILL), 1.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert "past timeout=5, so conveyor killed it; its Python stack then:\n  File 'x'" in (
         decision.report
     )
     # Not a kill from outside: a death of its own kind, the batch's retry is its probe.
     assert "after trying dataset index 0 alone" in decision.report
     again = world.die(died(0, 0, code=SIGKILL), 2.0)  # now a kill from outside: not the same
-    assert isinstance(again, Restart) and "likeliest cause is the out-of-memory" in again.report
+    assert isinstance(again, Restarted) and "likeliest cause is the out-of-memory" in again.report
 
 
 @pytest.mark.parametrize(
@@ -334,7 +337,7 @@ def test_crash_reports_keep_torchs_words_for_log_alerts(code: int, words: str) -
     world = loop()
     dispatch(world.book, batches(2))
     decision = world.die(died(0, 0, code=code), 1.0)
-    assert isinstance(decision, Restart) and words in decision.report
+    assert isinstance(decision, Restarted) and words in decision.report
 
 
 @pytest.mark.parametrize("forked", [True, False])
@@ -343,7 +346,7 @@ def test_the_native_crash_hint_suggests_spawn_only_to_forked_workers(forked: boo
     world.judge.forked = forked
     dispatch(world.book, batches(2))
     decision = world.die(died(0, 0, code=SIGSEGV), 1.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert ("multiprocessing_context='spawn'" in decision.report) == forked
 
 
@@ -357,7 +360,7 @@ def test_evidence_is_per_epoch() -> None:
     # Epoch 0's evidence would make this death alone its proof; in epoch 1 it is the
     # first against index 1: a suspect, tried alone.
     decision = world.die(died(0, 0, position=1, epoch=1), 3.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert [t.index for t in decision.resend] == [[1], [0, 1]]
 
 
@@ -370,12 +373,12 @@ def test_a_bystander_core_is_restarted_with_its_tasks_and_no_evidence_or_charge(
     culprit = replace(died(0, 0), shared_with=(1,))
     bystander = replace(died(1, 1), shared_with=(0,), bystander=0, charged=False)
     first = world.die(culprit, 1.0)
-    assert isinstance(first, Restart)
+    assert isinstance(first, Restarted)
     assert "Workers 1 ran as threads of the same process and were restarted with it" in (
         first.report
     )
     second = world.die(bystander, 1.0)
-    assert isinstance(second, Restart)
+    assert isinstance(second, Restarted)
     assert second.report == ""  # said in the culprit's report: one warning a death
     assert [(t.seq, t.trace) for t in second.resend] == [(1, False), (3, False)]
     assert world.judge.charged == 1  # one process died: one restart of one allowed
@@ -395,11 +398,11 @@ def test_cores_killed_together_from_outside_are_each_evidence_but_charged_once()
         for w in range(3)
     ]  # fmt: skip
     decisions = [world.die(death, 1.0) for death in deaths]
-    assert all(isinstance(d, Restart) for d in decisions)
+    assert all(isinstance(d, Restarted) for d in decisions)
     assert world.judge.charged == 1
     # Each sample was named by a death: each is tried alone first in its fresh core.
     for worker, decision in enumerate(decisions):
-        assert isinstance(decision, Restart)
+        assert isinstance(decision, Restarted)
         assert decision.resend[0].index == [worker] and decision.resend[0].trace
 
 

@@ -5,13 +5,11 @@ the loop applies them."""
 from __future__ import annotations
 
 import pytest
-from tests.helpers.tables import batches, died, dispatch, loop, step_kinds
+from tests.helpers.tables import Restarted, batches, died, dispatch, loop, step_kinds
 
-from conveyor._iter.crashes import Restart
-from conveyor._iter.deadlines import Busy, Stalled, TimedOut
+from conveyor._iter.facts import Stalled, TimedOut
 from conveyor._iter.steps import Handout
-from conveyor._workers.protocol import BatchDone, Stage
-from conveyor._workers.status import GONE, WorkerStatus
+from conveyor._protocol import GONE, BatchDone, Busy, Stage, WorkerStatus
 from conveyor.errors import WorkerTimeoutError
 
 
@@ -51,7 +49,7 @@ def test_a_query_changes_nothing() -> None:
     for _ in range(2):
         [stuck] = world.deadlines.overdue(9.0, [busy(0, 0, 9.0)])
         assert isinstance(stuck, TimedOut) and stuck.place == 0
-    assert world.book.fatal is None  # a timeout is placed by the loop, not by the query
+    assert world.book.view.fatal is None  # a timeout is placed by the loop, not by the query
     assert world.book.next_worker() is not None
 
 
@@ -89,7 +87,7 @@ def test_typical_batch_time_is_the_workers_own_not_the_consumers_pace() -> None:
     dispatch(world.book, batches(4))
     for seq in range(4):
         world.reply(seq, busy_s=0.01)  # 10 ms in the worker, however slowly the user consumes
-    assert world.book.batch_time == pytest.approx(0.01)
+    assert world.book.view.batch_time == pytest.approx(0.01)
     assert world.deadlines.stall_threshold() == 0.5  # not 10x a consumer's 400 ms step
 
 
@@ -102,7 +100,7 @@ def test_a_stall_is_reported_once_per_send_with_the_typical_time() -> None:
     assert [type(x) for x in first] == [Stalled]
     assert "a worker usually takes 20 ms per batch" in first[0].report  # type: ignore[union-attr]
     assert world.overdue(0.0, [busy(0, 0, 9.0)]) == []  # once per task...
-    assert isinstance(world.die(died(0, 1, Stage.STARTUP), 1.0), Restart)
+    assert isinstance(world.die(died(0, 1, Stage.STARTUP), 1.0), Restarted)
     assert len(world.overdue(2.0, [busy(0, 0, 2.5)])) == 1  # ...and each time it is sent
 
 
@@ -124,7 +122,7 @@ def test_timeout_restart_kills_and_the_death_restarts_it_naming_the_reason() -> 
     assert isinstance(timed_out, TimedOut) and timed_out.error is None
     world.act([timed_out], stacks="  File 'x.py', line 3")
     decision = world.die(died(1, 1), 7.0)
-    assert isinstance(decision, Restart)
+    assert isinstance(decision, Restarted)
     assert "past timeout=5, so conveyor killed it" in decision.report
     assert "File 'x.py', line 3" in decision.report
     assert [t.seq for t in decision.resend] == [1, 3]

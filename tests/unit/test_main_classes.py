@@ -15,8 +15,9 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from conveyor._rebuild import rebuild
 from conveyor._transport import codec
-from conveyor._workers import remote_error
+from conveyor._workers.remote_error import capture
 from conveyor.diagnostics.pickling import explain_unpicklable_sample
 
 
@@ -54,7 +55,7 @@ def test_an_exception_of_a_class_sent_by_value_comes_back_untouched() -> None:
     describe = error_class.describe
     cloudpickle.dumps(error_class)
 
-    rebuilt = remote_error.rebuild(remote_error.capture(error_class("bad sample 3")))
+    rebuilt = rebuild(capture(error_class("bad sample 3")))
 
     assert type(rebuilt) is error_class
     assert rebuilt.args == ("bad sample 3",)

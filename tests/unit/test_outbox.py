@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from conveyor._protocol import Task
 from conveyor._workers.outbox import Outbox
-from conveyor._workers.protocol import Task
 from conveyor._workers.wire import FrameReader
 
 

@@ -321,7 +321,7 @@ def test_a_new_epoch_drops_the_batch_pinned_ahead_and_gives_back_the_others() ->
     it = _iterator(data, slow_first_worker, Recorder())
     pool = FakePool.instances[-1]
     next(it)
-    arrived = [e for e in it._book.tasks.values() if getattr(e.reply, "payload", None)]
+    arrived = [e for e in it._book.view.entries() if getattr(e.reply, "payload", None)]
     assert len(arrived) >= 2  # the one pinned ahead and at least one more
     it.reset()  # a break, then a new epoch on the same workers
     # The one pinned ahead was decoded already: only the others are given back.

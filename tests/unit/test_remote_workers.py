@@ -12,16 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.helpers.tables import dispatch, loop
+from tests.helpers.tables import Restarted, dispatch, loop
 
 from conveyor import ConfigError, DataLoader, MissingDependencyError
-from conveyor._iter.crashes import Restart
+from conveyor._protocol import Died, Stage, Task, WorkerStatus
 from conveyor._transport.object_store import ObjectStoreBatch, ObjectStoreEncoder, StorePayload
 from conveyor._workers import ray_cluster
-from conveyor._workers.events import Died
-from conveyor._workers.protocol import Stage, Task
 from conveyor._workers.ray_pool import _Remote
-from conveyor._workers.status import WorkerStatus
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
@@ -201,13 +198,13 @@ def test_a_death_of_unknown_end_is_weak_evidence_as_a_kill_from_outside() -> Non
     reports = []
     for now in (1.0, 2.0, 3.0):
         decision = world.die(death, now)
-        assert isinstance(decision, Restart)
+        assert isinstance(decision, Restarted)
         reports.append(decision.report)
     assert all("its node was lost" in r and "still running" not in r for r in reports)
     assert "restart 2 of 9" in reports[1]  # two deaths: not proven yet
     assert "not counted against max_worker_restarts: the sample is the cause" in reports[2]
-    (note,) = world.book.tasks[0].left_out
-    assert (note.index, note.stage) == (5, "killed") and world.book.tasks[0].exclude == (5,)
+    (note,) = world.book.view.entry(0).left_out
+    assert (note.index, note.stage) == (5, "killed") and world.book.view.entry(0).exclude == (5,)
 
 
 # --- batches through the object store ------------------------------------------------------

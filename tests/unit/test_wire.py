@@ -11,10 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from conveyor._transport.arena import SlotInfo
-from conveyor._transport.codec import InlinePayload, SlotPayload
-from conveyor._workers import wire
-from conveyor._workers.protocol import (
+from conveyor._protocol import (
     BatchDone,
     MainMessage,
     Ready,
@@ -25,6 +22,9 @@ from conveyor._workers.protocol import (
     Task,
     WorkerMessage,
 )
+from conveyor._transport.arena import SlotInfo
+from conveyor._transport.codec import InlinePayload, SlotPayload
+from conveyor._workers import wire
 from conveyor._workers.remote_error import capture
 from conveyor.errors import Culprit
 

@@ -20,7 +20,6 @@ from ..observe import failsafe
 from ..observe.autotune import Autotuner
 from ..observe.progress import logger
 from .book import TaskBook
-from .crashes import CrashJudge
 from .tally import Tally
 
 TUNER = "num_workers='auto' autotuner"  # its name for failsafe.py
@@ -33,11 +32,10 @@ class WorkerCount:
         book: TaskBook,
         pool: Pool,
         tally: Tally,
-        judge: CrashJudge,
         specs: list[WorkerSpec],
     ) -> None:
         self._tuner, self._book, self._pool, self._tally = tuner, book, pool, tally
-        self._judge, self._specs = judge, specs
+        self._specs = specs
         self._window = tally.clock.mark(time.monotonic())
         self._active_from = self._active()
         self._leaving: set[int] = set()  # retired, still answering their tasks
@@ -100,7 +98,8 @@ class WorkerCount:
         usage = self._pool.abilities.usage
         if usage is None:
             return None
-        serving = [i for i, record in enumerate(self._book.workers) if not record.retired]
+        book = self._book
+        serving = [i for i in range(book.num_workers) if not book.retired(i)]
         seconds = [usage.active_s(i) for i in serving]
         return None if any(s is None for s in seconds) else sum(s or 0.0 for s in seconds)
 
@@ -113,11 +112,11 @@ class WorkerCount:
         resize.add(spec)  # first: a start that fails leaves the book as it was
         self._book.add_worker()
         self._specs.append(spec)
-        self._judge.add_worker()
         self._tally.add_worker(now, self._pool.abilities.usage)
 
     def _retire(self) -> None:
-        serving = [i for i, r in enumerate(self._book.workers) if not r.retired]
+        book = self._book
+        serving = [i for i in range(book.num_workers) if not book.retired(i)]
         worker_id = serving[-1]  # the last added goes first
         self._book.retire_worker(worker_id)
         self._leaving.add(worker_id)

@@ -21,78 +21,29 @@ reply to the loop (a batch, an error, or nothing). The rules:
 * Samples left out (``on_error="skip"``) are recorded when their batch is
   handed out, so the skip budget is judged in delivery order.
 
-Dead workers are judged by :mod:`.crashes`, stalls and timeouts by
-:mod:`.deadlines`; both read this ledger and their decisions come back to it.
+What it knows is its ledger (:mod:`.ledger`): the tasks in flight and the roster of
+workers, written here alone. Dead workers are judged by :mod:`.crashes`, stalls and
+timeouts by :mod:`.deadlines`; both read the ledger through its view and their verdicts
+(:mod:`.facts`) come back here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._fetch import batch_indices
-from .._workers.protocol import BatchDone, IterationEnded, Task, TaskReply, builder
+from .._protocol import BatchDone, IterationEnded, Task, TaskReply
 from ..config import SupervisionPolicy
 from ..records import SkippedSample
+from .facts import LeaveOut, Position, Restart
+from .ledger import BATCH, ITERABLE, SINGLE, Entry, Ledger, LedgerView, WorkerRecord
 from .run_ahead import RunAhead
-from .skips import LeftOutNote, SkipLedger, notes_of
-from .steps import EpochEnd, GiveUp, Handout, NextStep, Position, Wait
+from .skips import SkipLedger, crash_notes, notes_of
+from .steps import EpochEnd, GiveUp, Handout, NextStep, Wait
 
-if TYPE_CHECKING:
-    from .crashes import LeaveOut, Restart
-
-ITERABLE, BATCH, SINGLE = range(3)  # how a task's ``index`` holds dataset indices
 # What on_reply says of a reply: filed; stale (the loop frees its payload); or the
 # verdict of a suspect tried alone (freed too; the crash judge clears the suspect).
 FILED, STALE, SURVIVED = range(3)
 _FROM_THE_START = Position()
-_new_task = builder(Task)  # once per batch: without the frozen __init__'s cost
-
-
-# --- what the book keeps ------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Entry:
-    """One task, from the moment it is sent until it is handed out."""
-
-    seq: int
-    worker_id: int
-    index: Any
-    shape: int  # ITERABLE, BATCH or SINGLE
-    sent_at: float
-    exclude: tuple[Any, ...] = ()
-    sends: int = 1  # times sent: a dead worker's task is sent again
-    # A suspect sample of the task went first, alone, as a task of the same seq: the
-    # first reply is only its verdict (see conveyor._iter.crashes).
-    verdict_first: bool = False
-    reply: TaskReply | None = None
-    origin: Any = None  # its batch as it came (a handle the loop opens or discards)
-    left_out: list[LeftOutNote] = field(default_factory=list)
-    cached_indices: tuple[Any, ...] | None = None
-    first_sample: int = 0  # the position of its first sample in the epoch (reseed)
-    want_state: bool = False  # the reply carries the dataset's state
-    places: tuple[int, ...] = ()  # ranks sharding the epoch: its samples' places (reseed)
-
-    @property
-    def indices(self) -> tuple[Any, ...]:
-        """The dataset indices of the task (empty for iterable datasets), computed
-        when first asked: the hot path never needs them."""
-        if self.cached_indices is None:
-            iterable = self.shape == ITERABLE
-            batched = self.shape == BATCH
-            self.cached_indices = () if iterable else tuple(batch_indices(self.index, batched))
-        return self.cached_indices
-
-
-@dataclass
-class WorkerRecord:
-    active: bool = True  # an iterable dataset's worker is inactive once its iterator ends
-    in_flight: int = 0  # tasks sent to it and not yet handed out
-    retired: bool = False  # num_workers="auto" let it go: it gets no task again
-
-
-# --- the book -----------------------------------------------------------------------
 
 
 class TaskBook:
@@ -110,32 +61,37 @@ class TaskBook:
         now: float = 0.0,
     ) -> None:
         """``run_ahead_bytes``: each worker's share of the run-ahead budget."""
-        self.num_workers = num_workers
         self.prefetch = prefetch
         self.in_order = in_order
         self.skips = SkipLedger(skipped, policy)
         self.shape = ITERABLE if iterable else BATCH if auto_collation else SINGLE
-        self.workers = [WorkerRecord() for _ in range(num_workers)]
+        self._ledger = ledger = Ledger(num_workers, in_order, now)
+        self.view = LedgerView(ledger)  # what the judges, the tally and the loop read
+        self._workers = ledger.workers
         self._serving = num_workers  # workers not retired (asked for at every dispatch)
         self.ahead = RunAhead(num_workers, prefetch, run_ahead_bytes)
-        self.batch_time = 0.0  # moving average of the workers' own time per task
-        self.last_reply_at = now
-        self.epoch = -1
         self._start_epoch_state()
 
     def _start_epoch_state(self) -> None:
-        self.tasks: dict[int, Entry] = {}  # sent, not yet handed out
+        self._ledger.new_epoch()
+        self._tasks = self._ledger.tasks
         self._arrived: dict[int, None] = {}  # seqs with a reply, in order of arrival
         self.next_seq = 0
-        self.next_out = 0  # in order: the seq to hand out next
         self._cursor = 0
         self._sampler_done = False
-        self._fatal: tuple[int, BaseException] | None = None  # (place in the order, error)
         self._handed_out_before: frozenset[int] = frozenset()  # by an earlier run (resume)
-        for record in self.workers:
+        for record in self._workers:
             record.active = not record.retired
             record.in_flight = 0
         self._active = self.serving  # workers still active (iterable datasets)
+
+    @property
+    def epoch(self) -> int:
+        return self._ledger.epoch
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
 
     # --- epochs ---------------------------------------------------------------------
 
@@ -147,21 +103,21 @@ class TaskBook:
         still unanswered are stale: their replies are dropped as they come."""
         abandoned: list[Entry] = []
         stale = [0] * self.num_workers
-        for entry in self.tasks.values():
+        for entry in self._tasks.values():
             if entry.reply is None:
                 stale[entry.worker_id] += 1
             else:
                 abandoned.append(entry)
         self.ahead.start_epoch(stale)
-        self.epoch = epoch
+        self._ledger.epoch = epoch
         self._start_epoch_state()
-        self.next_seq = self.next_out = at.first_seq
+        self.next_seq = self._ledger.next_out = at.first_seq
         self._cursor = at.first_worker % max(1, self.num_workers)
         self._handed_out_before = at.handed_out_before
         self.skips.start_epoch(epoch, epoch_samples)
         return abandoned
 
-    # --- how many workers (num_workers="auto") -----------------------------------------
+    # --- the workers -------------------------------------------------------------------
 
     @property
     def serving(self) -> int:
@@ -169,9 +125,8 @@ class TaskBook:
         return self._serving
 
     def add_worker(self) -> int:
-        """One more worker, from now on; its id."""
-        self.workers.append(WorkerRecord())
-        self.num_workers += 1
+        """One more worker, from now on (num_workers="auto"); its id."""
+        self._workers.append(WorkerRecord())
         self._serving += 1
         self._active += 1
         self.ahead.add_worker()
@@ -179,7 +134,7 @@ class TaskBook:
 
     def retire_worker(self, worker_id: int) -> None:
         """No more tasks for ``worker_id``: it answers those it has (see :meth:`drained`)."""
-        record = self.workers[worker_id]
+        record = self._workers[worker_id]
         if not record.retired:
             record.retired = True
             self._serving -= 1
@@ -189,39 +144,61 @@ class TaskBook:
 
     def drained(self, worker_id: int) -> bool:
         """A retired worker whose every task was handed out: it can be stopped."""
-        record = self.workers[worker_id]
+        record = self._workers[worker_id]
         return record.retired and record.in_flight == 0
 
-    @property
-    def fatal(self) -> BaseException | None:
-        """The error the book gave up with, if it did."""
-        return self._fatal[1] if self._fatal is not None else None
+    def retired(self, worker_id: int) -> bool:
+        return self._workers[worker_id].retired
+
+    def on_ready(self, worker_id: int) -> None:
+        """A worker started; a replacement that starts fine ends a run of start-up deaths."""
+        record = self._workers[worker_id]
+        record.ready = True
+        record.start_deaths = 0
+
+    def on_startup_failed(self, worker_id: int, error: BaseException) -> None:
+        """A worker could not start: ``error`` is raised in place of its first task."""
+        self._workers[worker_id].start_failed = True
+        self.give_up(error, min(self.view.held(worker_id), default=None))
+
+    def not_replaced(self, worker_id: int) -> None:
+        """A worker died and has no replacement: if it never started, it never will."""
+        record = self._workers[worker_id]
+        if not record.ready:
+            record.start_failed = True
+
+    def killing(self, worker_id: int, why: str) -> None:
+        """The loop ends ``worker_id`` as stuck, for ``why``: its death is no evidence
+        against a sample, and its report says why it died."""
+        self._workers[worker_id].killed_because = why
 
     def give_up(self, error: BaseException, place: int | None = None) -> None:
         """Place a fatal error in the order (default: after every task sent so far); the
         earliest placed is raised, once every batch before it was handed out."""
         where = self.next_seq if place is None else place
-        if self._fatal is None or where < self._fatal[0]:
-            self._fatal = (where, error)
+        fatal = self._ledger.fatal
+        if fatal is None or where < fatal[0]:
+            self._ledger.fatal = (where, error)
 
     # --- dispatch -------------------------------------------------------------------
 
     def wants_task(self) -> bool:
         """Whether another task goes out now: fewer than ``prefetch`` (plus the run-ahead)
         per worker are sent and not handed out, and the sampler has more."""
-        if self._sampler_done or self._fatal is not None:
+        if self._sampler_done or self._ledger.fatal is not None:
             return False
-        return len(self.tasks) < (self.prefetch + self.ahead.extra) * self._serving
+        return len(self._tasks) < (self.prefetch + self.ahead.extra) * self._serving
 
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
-        if self._sampler_done or self._fatal is not None:
+        if self._sampler_done or self._ledger.fatal is not None:
             return None
         capacity = (self.prefetch + self.ahead.extra) * self._serving // max(1, self._active)
-        for _ in range(self.num_workers):
+        workers, count = self._workers, len(self._workers)
+        for _ in range(count):
             worker_id = self._cursor
-            self._cursor = (self._cursor + 1) % self.num_workers
-            record = self.workers[worker_id]
+            self._cursor = (self._cursor + 1) % count
+            record = workers[worker_id]
             # Out of order, route around a slow worker as torch does.
             if record.active and (self.in_order or record.in_flight < capacity):
                 return worker_id
@@ -249,28 +226,15 @@ class TaskBook:
         self.next_seq += 1
         if self._handed_out_before and seq in self._handed_out_before:
             return None
-        entry = Entry(seq, worker_id, index, self.shape, now)
-        entry.first_sample, entry.want_state, entry.places = first_sample, want_state, places
+        entry = Entry(
+            self._ledger.epoch, seq, worker_id, index, self.shape, now,
+            first_sample, want_state, consecutive, places,
+        )  # fmt: skip
         if self.skips.has_poison and self.shape != ITERABLE:
             entry.exclude, entry.left_out = self.skips.left_out_up_front(entry.indices, worker_id)
-        self.tasks[seq] = entry
-        self.workers[worker_id].in_flight += 1
-        return _new_task(
-            epoch=self.epoch,
-            seq=seq,
-            index=index,
-            exclude=entry.exclude,
-            first_sample=first_sample,
-            want_state=want_state,
-            consecutive=consecutive,
-            places=places,
-        )
-
-    def held(self, worker_id: int) -> list[int]:
-        """The seqs of ``worker_id``'s unanswered tasks, in order."""
-        return sorted(
-            seq for seq, e in self.tasks.items() if e.worker_id == worker_id and e.reply is None
-        )
+        self._tasks[seq] = entry
+        self._workers[worker_id].in_flight += 1
+        return entry.task()
 
     # --- replies --------------------------------------------------------------------
 
@@ -285,8 +249,9 @@ class TaskBook:
         """File a task's reply: FILED, or STALE (an abandoned epoch, a task already
         answered) or SURVIVED (a suspect's verdict): the caller frees its payload.
         ``slot_bytes``: the shared-memory slot its batch came in (0: none)."""
-        entry = self.tasks.get(reply.seq)
-        if reply.epoch != self.epoch or entry is None or entry.reply is not None:
+        entry = self._tasks.get(reply.seq)
+        ledger = self._ledger
+        if reply.epoch != ledger.epoch or entry is None or entry.reply is not None:
             self.ahead.stale_reply(worker_id)
             return STALE
         if entry.verdict_first:
@@ -297,12 +262,12 @@ class TaskBook:
         entry.origin = origin
         self._arrived[reply.seq] = None
         if now is not None:
-            self.last_reply_at = now
+            ledger.last_reply_at = now
         if isinstance(reply, BatchDone):
             busy_s = reply.busy_s
             if busy_s > 0:
-                ewma = 0.9 * self.batch_time + 0.1 * busy_s
-                self.batch_time = ewma if self.batch_time else busy_s
+                ewma = 0.9 * ledger.batch_time + 0.1 * busy_s
+                ledger.batch_time = ewma if ledger.batch_time else busy_s
             ahead = self.ahead
             if slot_bytes and slot_bytes != ahead.slot_bytes and ahead.budget:
                 ahead.batch(slot_bytes, busy_s)
@@ -310,29 +275,34 @@ class TaskBook:
                 entry.left_out += notes_of(worker_id, reply.skipped)
         return FILED
 
-    def on_startup_failed(self, worker_id: int, error: BaseException) -> None:
-        """A worker could not start: ``error`` is raised in place of its first task."""
-        self.give_up(error, min(self.held(worker_id), default=None))
-
-    def restarted(self, restart: Restart, now: float) -> None:
-        """A replacement for a dead worker started and was sent ``restart.resend`` (the
-        crash judge's decision): leave out what it proved."""
+    def restarted(self, restart: Restart, now: float) -> list[Task]:
+        """A replacement for a dead worker started (the crash judge's decision): leave out
+        what it proved; the tasks to send it, in order."""
+        record = self._workers[restart.worker_id]
+        record.killed_because = None
+        record.start_deaths += restart.start_death
         self.ahead.replaced(restart.worker_id)
         if restart.leave_out is not None:
             self._leave_out(restart.leave_out)
-        for seq in {task.seq for task in restart.resend}:
-            entry = self.tasks[seq]
-            entry.sent_at = now
-            entry.sends += 1
-            entry.verdict_first = seq in restart.probed_apart
+        sent: set[int] = set()
+        tasks = []
+        for resend in restart.resend:
+            entry = self._tasks[resend.seq]
+            if resend.seq not in sent:
+                sent.add(resend.seq)
+                entry.sent_at = now
+                entry.sends += 1
+                entry.verdict_first = resend.seq in restart.probed_apart
+            tasks.append(entry.task(trace=resend.trace, alone=resend.alone))
+        return tasks
 
     def _leave_out(self, leave: LeaveOut) -> None:
-        entry = self.tasks[leave.seq]
-        entry.left_out += leave.notes
+        entry = self._tasks[leave.seq]
+        entry.left_out += crash_notes(leave.samples, leave.worker_id, leave.stage, leave.why)
         if leave.for_good:
             self.skips.mark_poison(leave.samples)
         if leave.whole_batch:  # nothing left to retry: settle the task as an empty batch
-            entry.reply = BatchDone(self.epoch, entry.seq, None)
+            entry.reply = BatchDone(self._ledger.epoch, entry.seq, None)
             self._arrived[entry.seq] = None
         else:
             entry.exclude = (*entry.exclude, *leave.samples)
@@ -343,14 +313,15 @@ class TaskBook:
         """What the loop does next: hand out a reply, give up, wait, or end the epoch."""
         entry = self._ready()
         if entry is None:
-            if self._fatal is not None and not any(s < self._fatal[0] for s in self.tasks):
-                return GiveUp(self._fatal[1])
-            if not self.tasks and self._fatal is None:
+            fatal = self._ledger.fatal
+            if fatal is not None and not any(s < fatal[0] for s in self._tasks):
+                return GiveUp(fatal[1])
+            if not self._tasks and fatal is None:
                 return EpochEnd()
             return Wait()
-        del self.tasks[entry.seq]
+        del self._tasks[entry.seq]
         self._arrived.pop(entry.seq, None)
-        record = self.workers[entry.worker_id]
+        record = self._workers[entry.worker_id]
         record.in_flight -= 1
         if isinstance(entry.reply, IterationEnded) and record.active:
             record.active = False
@@ -361,7 +332,7 @@ class TaskBook:
             else None
         )
         if over_budget is not None:
-            self._fatal = (entry.seq, over_budget)
+            self._ledger.fatal = (entry.seq, over_budget)
             return GiveUp(over_budget)
         return Handout(entry)
 
@@ -369,30 +340,24 @@ class TaskBook:
         """The entry :meth:`next_step` would hand out next, if its reply has come;
         nothing in the book changes (the loop pins that batch ahead)."""
         if self.in_order:
-            seq = self.next_out
+            seq = self._ledger.next_out
             while seq in self._handed_out_before:
                 seq += 1
-            entry = self.tasks.get(seq)
+            entry = self._tasks.get(seq)
             return entry if entry is not None and entry.reply is not None else None
         first = next(iter(self._arrived), None)
-        return None if first is None else self.tasks[first]
-
-    def waited_for(self) -> Entry | None:
-        """The unanswered task the loop waits for: in order the next one, else the oldest."""
-        if self.in_order:
-            entry = self.tasks.get(self.next_out)
-            return entry if entry is not None and entry.reply is None else None
-        return next((e for e in self.tasks.values() if e.reply is None), None)
+        return None if first is None else self._tasks[first]
 
     def _ready(self) -> Entry | None:
         if self.in_order:
-            while self._handed_out_before and self.next_out in self._handed_out_before:
-                self.next_out += 1
-            entry = self.tasks.get(self.next_out)
+            ledger = self._ledger
+            while self._handed_out_before and ledger.next_out in self._handed_out_before:
+                ledger.next_out += 1
+            entry = self._tasks.get(ledger.next_out)
             if entry is None or entry.reply is None:
                 return None
-            self.next_out += 1
+            ledger.next_out += 1
             return entry
         # As they came (torch hands out in arrival order).
         seq = next(iter(self._arrived), None)
-        return None if seq is None else self.tasks[seq]
+        return None if seq is None else self._tasks[seq]

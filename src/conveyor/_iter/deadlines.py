@@ -1,11 +1,11 @@
 """Deadlines: when a task is stalled, when the loader times out.
 
-A pure object beside the task book, whose ledger it reads: it is given the
-time and the workers' status pages, and answers how long the loop may block
-(:meth:`Deadlines.next_deadline`) and what is overdue (:meth:`Deadlines.overdue`).
-Queries change nothing: the loop acts on what is overdue (warns, kills, gives
-up) and says so (:meth:`Deadlines.reported`, ``TaskBook.give_up``,
-``CrashJudge.killing``). No process, no clock of its own, no warning;
+A pure object beside the task book, whose ledger it reads through its view: it is
+given the time and the workers' status pages, and answers how long the loop may block
+(:meth:`Deadlines.next_deadline`) and what is overdue (:meth:`Deadlines.overdue`, as
+:mod:`.facts`). Queries change nothing: the loop acts on what is overdue (warns, kills,
+gives up) and says so (:meth:`Deadlines.reported`, ``TaskBook.give_up``,
+``TaskBook.killing``). No process, no clock of its own, no warning;
 tests/unit/test_deadlines.py tables its rules.
 
 * ``timeout`` is torch's "no batch for N seconds", counted from when the user
@@ -23,52 +23,20 @@ tests/unit/test_deadlines.py tables its rules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .._workers.status import WorkerStatus
+from .._protocol import Busy
 from ..config import SupervisionPolicy
 from ..errors import WorkerTimeoutError
 from . import messages
-from .book import Entry, TaskBook
+from .facts import Overdue, Stalled, TimedOut
+from .ledger import LedgerView, TaskRecord
 
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
-
-
-@dataclass(frozen=True)
-class Busy:
-    """A worker as its status page tells now: running a task, or idle."""
-
-    worker_id: int
-    pid: int | None
-    status: WorkerStatus
-
-
-@dataclass(frozen=True)
-class Stalled:
-    worker_id: int
-    seq: int
-    report: str  # the warning's text, less the worker's stack (the loop adds it)
-
-
-@dataclass(frozen=True)
-class TimedOut:
-    """Kill ``worker_id`` (stuck past ``timeout``). With ``on_timeout="restart"`` its
-    death is then handled like any other (the crash judge is told ``reason``);
-    otherwise ``error`` is raised at ``place`` in the order (TaskBook.give_up)."""
-
-    worker_id: int
-    reason: str | None
-    error: WorkerTimeoutError | None = None
-    place: int | None = None
-
-
-Overdue = Stalled | TimedOut
 
 
 class Deadlines:
     def __init__(
         self,
-        book: TaskBook,
+        ledger: LedgerView,
         policy: SupervisionPolicy,
         *,
         timeout: float = 0,
@@ -77,7 +45,7 @@ class Deadlines:
     ) -> None:
         """``ends_stuck``: what ending a stuck worker does to it, in words ("killed" a
         process; "abandoned" a thread, which cannot be killed)."""
-        self._book = book
+        self._ledger = ledger
         self.policy = policy
         self.timeout = timeout
         self.ends_stuck = ends_stuck
@@ -95,13 +63,13 @@ class Deadlines:
     def stall_threshold(self) -> float | None:
         if self.policy.stall_warning is None:
             return None
-        return max(self.policy.stall_warning, STALL_FACTOR * self._book.batch_time)
+        return max(self.policy.stall_warning, STALL_FACTOR * self._ledger.batch_time)
 
     @property
     def last_progress(self) -> float:
         """Since when no batch has come that the user waited for: the last reply, or a
         later moment the count starts again at (:meth:`count_from`)."""
-        return max(self._counting_from, self._book.last_reply_at)
+        return max(self._counting_from, self._ledger.last_reply_at)
 
     # --- what the deadlines are told ----------------------------------------------------
 
@@ -113,7 +81,7 @@ class Deadlines:
 
     def reported(self, stalled: Stalled) -> None:
         """The loop warned of ``stalled``: not again until the task is sent again."""
-        entry = self._book.tasks.get(stalled.seq)
+        entry = self._ledger.entry(stalled.seq)
         if entry is not None:
             self._reported.add(self._attempt(entry))
 
@@ -135,7 +103,7 @@ class Deadlines:
                 wakes += [limit - worker.status.age_s for limit in limits]
         if threshold is not None:
             wakes += [threshold - w.status.age_s for w, _ in self._not_started(workers)]
-        if self.timeout and self._book.waited_for() is not None:
+        if self.timeout and self._ledger.waited_for() is not None:
             wakes.append(self.last_progress + self.timeout - now)
         return max(0.0, min(wakes))
 
@@ -145,13 +113,13 @@ class Deadlines:
         one holding the batch waited for when no batch came for ``timeout`` seconds);
         otherwise the tasks past the stall threshold, running or not started, not
         reported yet."""
-        book = self._book
+        ledger = self._ledger
         running = [w for w in workers if w.status.stage is not None]
         if self.timeout:
             stuck = [b for b in running if b.status.age_s >= self.timeout]
             if stuck:
                 return [self._timed_out(self._most_urgent(stuck))]
-            waited = book.waited_for()
+            waited = ledger.waited_for()
             quiet_s = now - self.last_progress
             if waited is not None and quiet_s >= self.timeout:
                 holder = next(w for w in workers if w.worker_id == waited.worker_id)
@@ -162,57 +130,62 @@ class Deadlines:
         found: list[Overdue] = []
         for busy in running:
             status = busy.status
-            entry = book.tasks.get(status.seq) if status.epoch == book.epoch else None
+            entry = ledger.entry(status.seq) if status.epoch == ledger.epoch else None
             if status.age_s < threshold or entry is None or entry.worker_id != busy.worker_id:
                 continue
             if self._attempt(entry) not in self._reported:
-                report = messages.stall_report(busy, entry.indices, book.batch_time)
+                report = messages.stall_report(busy, entry.indices, ledger.batch_time)
                 found.append(Stalled(busy.worker_id, status.seq, report))
         for idle, entry in self._not_started(workers):
             if idle.status.age_s < threshold or self._attempt(entry) in self._reported:
                 continue
-            report = messages.not_started_report(idle, entry.seq, entry.indices, book.batch_time)
+            report = messages.not_started_report(idle, entry.seq, entry.indices, ledger.batch_time)
             found.append(Stalled(idle.worker_id, entry.seq, report))
         return found
 
     def _most_urgent(self, stuck: list[Busy]) -> Busy:
         """The stuck worker whose error raises first: the one holding the batch the loop
         waits for; else the one stuck longest."""
-        waited = self._book.waited_for()
+        waited = self._ledger.waited_for()
         for busy in stuck:
             status = busy.status
-            if waited is not None and (status.epoch, status.seq) == (self._book.epoch, waited.seq):
+            if waited is not None and (status.epoch, status.seq) == (
+                self._ledger.epoch,
+                waited.seq,
+            ):
                 return busy
         return max(stuck, key=lambda b: b.status.age_s)
 
-    def _attempt(self, entry: Entry) -> tuple[int, int, int]:
-        return (self._book.epoch, entry.seq, entry.sends)
+    def _attempt(self, entry: TaskRecord) -> tuple[int, int, int]:
+        return (self._ledger.epoch, entry.seq, entry.sends)
 
-    def _not_started(self, workers: list[Busy]) -> list[tuple[Busy, Entry]]:
+    def _not_started(self, workers: list[Busy]) -> list[tuple[Busy, TaskRecord]]:
         """Idle workers that hold an unanswered task: they have not started it."""
         found = []
         for worker in workers:
             if worker.status.stage is not None:
                 continue
-            held = self._book.held(worker.worker_id)
+            held = self._ledger.held(worker.worker_id)
             if held:
-                found.append((worker, self._book.tasks[held[0]]))
+                entry = self._ledger.entry(held[0])
+                assert entry is not None
+                found.append((worker, entry))
         return found
 
-    def _timed_out(self, busy: Busy, waited: Entry | None = None) -> TimedOut:
-        book, worker_id, status = self._book, busy.worker_id, busy.status
+    def _timed_out(self, busy: Busy, waited: TaskRecord | None = None) -> TimedOut:
+        ledger, worker_id, status = self._ledger, busy.worker_id, busy.status
         if waited is not None and status.stage is None:
-            entry: Entry | None = waited
+            entry: TaskRecord | None = waited
             doing = messages.not_started(waited.seq, waited.indices, status.age_s)
             stage = "not started"
         else:
-            entry = book.tasks.get(status.seq) if status.epoch == book.epoch else None
+            entry = ledger.entry(status.seq) if status.epoch == ledger.epoch else None
             doing = messages.doing(status, entry is not None, entry.indices if entry else ())
             doing += f" for {status.age_s:.1f} s"
             stage = status.stage.value if status.stage is not None else "idle"
         if self.policy.on_timeout == "restart" and self.no_replacement is None:
             return TimedOut(worker_id, messages.stuck_reason(stage, self.timeout, self.ends_stuck))
-        text = messages.timeout_text(self.timeout, busy, doing, stage, book.batch_time)
+        text = messages.timeout_text(self.timeout, busy, doing, stage, ledger.batch_time)
         if self.policy.on_timeout == "restart":
             text += f" It was not replaced: {self.no_replacement}"
         error = WorkerTimeoutError(
@@ -221,5 +194,5 @@ class Deadlines:
             pid=busy.pid,
             indices=entry.indices if entry is not None else (),
         )
-        place = entry.seq if entry is not None else min(book.held(worker_id), default=None)
+        place = entry.seq if entry is not None else min(ledger.held(worker_id), default=None)
         return TimedOut(worker_id, None, error, place)

@@ -28,11 +28,11 @@ from ..stateful import load_into
 from . import messages
 from .cursor import SamplerCursor
 from .elastic import RankPart, check_fits, read_part
+from .facts import Position
 from .rng import replayed_draw
 from .run_ahead import SLOTS_BEYOND_PREFETCH
 from .sharding import SAMPLES
 from .state import ResumePoint
-from .steps import Position
 
 
 class EpochStart:

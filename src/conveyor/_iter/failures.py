@@ -9,22 +9,17 @@ there is no exception of the user's, conveyor's says what happened.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._workers.protocol import Stage, StartupFailed, TaskFailed
-from .._workers.remote_error import rebuild
+from .._protocol import Stage, StartupFailed, TaskFailed
+from .._rebuild import rebuild
 from ..errors import (
-    Culprit,
     WorkerContext,
-    WorkerCrashedError,
     WorkerStartupError,
     add_note,
     attach_worker_context,
 )
 from . import messages
-
-if TYPE_CHECKING:
-    from .skips import LeftOutNote
 
 
 class TaskError(Exception):
@@ -93,27 +88,3 @@ def startup_failed(
         error.__cause__ = exc
         exc = error
     return attach_worker_context(exc, context)
-
-
-def over_budget(
-    note: LeftOutNote, budget_note: str, epoch: int, seq: int, indices: tuple[Any, ...]
-) -> BaseException:
-    """The left-out sample that spent the skip budget (of the batch at ``seq``, with
-    dataset ``indices``): its own exception, or the crash it caused."""
-    if note.remote is None:
-        return WorkerCrashedError(
-            messages.crash_over_budget(note.index, note.message, budget_note),
-            worker_id=note.worker_id,
-            indices=(note.index,),
-        )
-    context = WorkerContext(
-        worker_id=note.worker_id,
-        pid=-1,
-        stage=note.stage,
-        indices=indices,
-        traceback=note.remote.traceback,
-        epoch=epoch,
-        seq=seq,
-        culprit=Culprit((note.index,)),
-    )
-    return add_note(attach_worker_context(rebuild(note.remote), context), budget_note)

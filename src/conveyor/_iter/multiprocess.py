@@ -21,19 +21,11 @@ from typing import Any
 from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
+from .._protocol import BatchDone, Died, IterationEnded, Ready, SeedPipe, StartupFailed, TaskFailed
 from .._transport.arena import run_ahead_bytes
 from .._workers import kinds
-from .._workers.api import BatchHandle, PoolFactory
+from .._workers.api import BatchHandle, PoolFactory, Received
 from .._workers.core import UserObjects
-from .._workers.events import Died, Received
-from .._workers.protocol import (
-    BatchDone,
-    IterationEnded,
-    Ready,
-    SeedPipe,
-    StartupFailed,
-    TaskFailed,
-)
 from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
@@ -41,16 +33,18 @@ from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from ..sampling import consecutive_batches
 from . import failures
-from .book import FILED, SURVIVED, Entry, TaskBook
+from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
+from .facts import Position
 from .failures import TaskError
+from .ledger import Entry
 from .pin_ahead import PinAhead, close_in_order
 from .pinning import pin_batch, pin_thread_setup, pinning_enabled
 from .progress import Progress
 from .state import ResumePoint
-from .steps import EpochEnd, GiveUp, Handout, Position, Wait
+from .steps import EpochEnd, GiveUp, Handout, Wait
 from .supervisor import Supervisor
 from .tally import Tally
 
@@ -129,8 +123,6 @@ class MultiprocessIterator:
         self._supervisor = Supervisor(config, book, self._pool, tally, now, self._specs)
         self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
-        self._not_ready = set(range(config.num_workers))
-        self._failed_to_start: set[int] = set()  # workers that will never be ready
         self._streams = StreamCheck.wanted(config, self._history)  # iterable: do they shard?
         self.progress = self._new_progress()
 
@@ -268,14 +260,15 @@ class MultiprocessIterator:
         from starting is raised here; a failure of a worker that did start (heard of
         before another worker's start, on a busy machine) comes at its place in the
         order, after the batches before it."""
-        while self._not_ready and not self._failed_to_start:
+        ledger = self._book.view
+        while ledger.starting():
             self._receive()
-        if self._failed_to_start and self._book.fatal is not None:
-            raise self._book.fatal
+        if ledger.start_failed() and ledger.fatal is not None:
+            raise ledger.fatal
 
     def _await_reports(self) -> None:
         """``state_dict()`` needs each worker's state at the start of the epoch."""
-        while self.progress.unreported and not self.closed and self._book.fatal is None:
+        while self.progress.unreported and not self.closed and self._book.view.fatal is None:
             self._receive()
 
     # --- handing out --------------------------------------------------------------------
@@ -367,21 +360,17 @@ class MultiprocessIterator:
             match event:
                 case Received(worker_id=worker_id, message=message, batch=batch):
                     self._on_message(worker_id, message, batch)
-                case Died(worker_id=worker_id):
-                    replaced = self._supervisor.on_death(event)
-                    if not replaced and worker_id in self._not_ready:
-                        self._failed_to_start.add(worker_id)
+                case Died():
+                    self._supervisor.on_death(event)
                 case _:
                     assert_never(event)
 
     def _on_message(self, worker_id: int, message: Any, batch: BatchHandle | None) -> None:
         match message:
             case Ready(state=state):
-                self._supervisor.judge.on_ready(worker_id)
-                self._not_ready.discard(worker_id)
+                self._book.on_ready(worker_id)
                 self.progress.began(worker_id, state)
             case StartupFailed():
-                self._failed_to_start.add(worker_id)
                 pid, remote = self._pid(worker_id), self._config.remote
                 error = failures.startup_failed(worker_id, message, pid, remote=remote)
                 self._book.on_startup_failed(worker_id, error)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._dataset_state import WorkerState
-from .._workers.protocol import TaskFailed, TaskReply
+from .._protocol import TaskFailed, TaskReply
 from ..config import LoaderConfig, LoaderHistory
 from ..distributed import process_group
 from .cursor import SamplerCursor

@@ -6,10 +6,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .._workers.protocol import RemoteError, SampleFailed
+from .._protocol import RemoteError, SampleFailed
+from .._rebuild import rebuild
 from ..config import SupervisionPolicy
+from ..errors import Culprit, WorkerContext, WorkerCrashedError, add_note, attach_worker_context
 from ..records import SkippedSample
-from . import failures, messages
+from . import messages
 
 log = logging.getLogger("conveyor")
 CRASH_TYPE = "conveyor.errors.WorkerCrashedError"  # what a sample left out for a crash raised
@@ -81,7 +83,7 @@ class SkipLedger:
         for note in notes:
             self.record(note.index, note.worker_id, note.stage, note.exception_type, note.message)
             if self.over_budget():
-                return failures.over_budget(note, self.budget_note(), self.epoch, seq, indices)
+                return budget_error(note, self.budget_note(), self.epoch, seq, indices)
         return None
 
     @property
@@ -130,6 +132,30 @@ class SkipLedger:
             shown,
             ", ..." if len(skipped) > 10 else "",
         )
+
+
+def budget_error(
+    note: LeftOutNote, budget_note: str, epoch: int, seq: int, indices: tuple[Any, ...]
+) -> BaseException:
+    """The left-out sample that spent the skip budget (of the batch at ``seq``, with
+    dataset ``indices``): its own exception, or the crash it caused."""
+    if note.remote is None:
+        return WorkerCrashedError(
+            messages.crash_over_budget(note.index, note.message, budget_note),
+            worker_id=note.worker_id,
+            indices=(note.index,),
+        )
+    context = WorkerContext(
+        worker_id=note.worker_id,
+        pid=-1,
+        stage=note.stage,
+        indices=indices,
+        traceback=note.remote.traceback,
+        epoch=epoch,
+        seq=seq,
+        culprit=Culprit((note.index,)),
+    )
+    return add_note(attach_worker_context(rebuild(note.remote), context), budget_note)
 
 
 def type_path(exc: BaseException) -> str:

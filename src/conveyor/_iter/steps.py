@@ -1,26 +1,13 @@
-"""What the task book answers the loop (:class:`NextStep`), and where an epoch's dispatch
-begins (:class:`Position`): plain values, matched exhaustively by the loop."""
+"""What the task book answers the loop (:class:`NextStep`): values matched exhaustively
+by the loop."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .book import Entry
+from .ledger import Entry
 
-__all__ = ["EpochEnd", "GiveUp", "Handout", "NextStep", "Position", "Wait"]
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where an epoch's dispatch begins. Resumed: the first position not handed out,
-    the worker round-robin goes on with, and the positions past the first handed out
-    before the state was taken (``in_order=False``: they get no task)."""
-
-    first_seq: int = 0
-    first_worker: int = 0
-    handed_out_before: frozenset[int] = frozenset()
+__all__ = ["EpochEnd", "GiveUp", "Handout", "NextStep", "Wait"]
 
 
 @dataclass(frozen=True)

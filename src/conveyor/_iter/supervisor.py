@@ -15,17 +15,18 @@ import warnings
 from dataclasses import replace
 
 from .._compat import assert_never
+from .._protocol import Busy, Died, Task
 from .._workers.api import Pool
 from .._workers.core import WorkerSpec
-from .._workers.events import Died
 from ..config import LoaderConfig
 from ..errors import WorkerRestartedWarning, WorkerStallWarning
 from ..records import LoaderStatistics
 from . import messages
 from .autotuning import WorkerCount
 from .book import TaskBook
-from .crashes import CrashJudge, GiveUpAt, Restart
-from .deadlines import Busy, Deadlines, Stalled, TimedOut
+from .crashes import CrashJudge
+from .deadlines import Deadlines
+from .facts import GiveUpAt, Restart, Stalled, TimedOut
 from .tally import Tally
 
 
@@ -42,17 +43,17 @@ class Supervisor:
         """``specs``: the workers', from which more are made (``num_workers="auto"``)."""
         self._book, self._pool, self._tally = book, pool, tally
         forked = config.start_method.copies_memory
-        self.judge = CrashJudge(book, config.policy, iterable=config.iterable, forked=forked)
+        self.judge = CrashJudge(book.view, config.policy, iterable=config.iterable, forked=forked)
         abilities = pool.abilities
         self._abandoner = abilities.abandon if abilities.kill is None else None
         ends = "abandoned" if self._abandoner is not None else "killed"
         self.deadlines = Deadlines(
-            book, config.policy, timeout=config.timeout, now=now, ends_stuck=ends
+            book.view, config.policy, timeout=config.timeout, now=now, ends_stuck=ends
         )
         self._recheck_at = 0.0  # when the status pages must be read again
         self.count: WorkerCount | None = None
         if config.tuner is not None and specs is not None and not config.fixed_count:
-            self.count = WorkerCount(config.tuner, book, pool, tally, self.judge, specs)
+            self.count = WorkerCount(config.tuner, book, pool, tally, specs)
 
     def after_batch(self) -> None:
         if self.count is not None:
@@ -67,7 +68,7 @@ class Supervisor:
             alive = 0
         stats = self._tally.statistics(
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
-            tasks=book.tasks.values(), usage=usage, alive=alive,
+            tasks=book.view.entries(), usage=usage, alive=alive,
         )  # fmt: skip
         if self.count is None:
             return stats
@@ -91,20 +92,21 @@ class Supervisor:
         match verdict:
             case Restart():
                 now = time.monotonic()
-                self._book.restarted(verdict, now)
+                tasks = self._book.restarted(verdict, now)
                 self._tally.restarted(verdict.worker_id, verdict.retried, died.charged)
                 self.deadlines.count_from(now)  # the replacement gets a whole timeout
-                self._restart(verdict)
+                self._restart(verdict, tasks)
                 return True
             case GiveUpAt(error=error, place=place):
                 self._book.give_up(error, place)  # raised at its place in the order
+                self._book.not_replaced(died.worker_id)
                 return False
             case _:
                 assert_never(verdict)
 
-    def _restart(self, decision: Restart) -> None:
+    def _restart(self, decision: Restart, tasks: list[Task]) -> None:
         self._pool.restart(decision.worker_id)  # a fork waits for a pin in flight (ForkGate)
-        for task in decision.resend:
+        for task in tasks:
             self._pool.send(decision.worker_id, task)
         if decision.report:  # (a worker restarted with another's process: said there)
             warnings.warn(decision.report, WorkerRestartedWarning, stacklevel=6)
@@ -143,7 +145,8 @@ class Supervisor:
                 case TimedOut(worker_id=worker_id, reason=reason, error=error, place=place):
                     stacks = self._stacks(worker_id)
                     if reason is not None:  # on_timeout="restart": its death is then
-                        self.judge.killing(worker_id, reason, stacks)  # like any other
+                        why = messages.kill_reason(reason, stacks)  # like any other
+                        self._book.killing(worker_id, why)
                     if error is not None:  # otherwise the loader gives up in its place
                         text = messages.with_stack(error.args[0], stacks)
                         if self._abandoner is not None:

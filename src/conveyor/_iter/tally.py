@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .._protocol import BatchDone
 from .._workers.api import BatchHandle, Usage
-from .._workers.protocol import BatchDone
 from ..config import LoaderHistory
 from ..observe.timings import StageClock
 from ..records import InFlightTask, LoaderStatistics, WorkerStatistics
 from .batches import batch_size_of
-from .book import BATCH, Entry
+from .ledger import BATCH, Entry, TaskRecord
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Tally:
         skipped: int,
         now: float = 0.0,
         pids: list[int | None] | None = None,
-        tasks: Iterable[Entry] = (),
+        tasks: Iterable[TaskRecord] = (),
         usage: Usage | None = None,
         alive: int = 0,
     ) -> LoaderStatistics:

@@ -19,11 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._protocol import Died, SeedPipe, Task, WorkerMessage, WorkerStatus
 from ..config import StartMethod
 from .core import UserObjects, WorkerSpec
-from .events import Died, PoolEvent, Received
-from .protocol import SeedPipe, Task
-from .status import WorkerStatus
 
 __all__ = [
     "Abandoner",
@@ -76,6 +74,19 @@ class BatchHandle(Protocol):
     def nbytes(self) -> int:
         """Bytes it crossed the transport with (0: handed over by reference)."""
         ...
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message from a worker; ``batch`` is a task's batch, when it has one (see
+    :class:`BatchHandle`: opened when handed out, even after its worker was replaced)."""
+
+    worker_id: int
+    message: WorkerMessage
+    batch: BatchHandle | None = None
+
+
+PoolEvent = Received | Died  # what Pool.wait reports: a worker's message, or its death
 
 
 class Inspector(Protocol):

@@ -27,13 +27,7 @@ from typing import Any, Protocol
 
 from .. import _datapipes, _scope, _torch
 from .._compat import assert_never
-from .._reseed import Reseed
-from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
-from .._thread_draws import route_module_draws
-from ..collate import Registrations, default_collate, default_convert
-from ..resources import close_all as close_per_worker_resources
-from ..worker_info import WorkerInfo, install_in_torch
-from .protocol import (
+from .._protocol import (
     BatchDone,
     IterationEnded,
     MainMessage,
@@ -49,6 +43,12 @@ from .protocol import (
     TaskReply,
     WorkerMessage,
 )
+from .._reseed import Reseed
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from .._thread_draws import route_module_draws
+from ..collate import Registrations, default_collate, default_convert
+from ..resources import close_all as close_per_worker_resources
+from ..worker_info import WorkerInfo, install_in_torch
 from .remote_error import capture
 
 

@@ -15,8 +15,8 @@ import select
 from collections import deque
 from typing import Any
 
+from .._protocol import Release, Task
 from .._transport.arena import WorkerArena
-from .protocol import Release, Task
 from .wire import FrameReader
 
 

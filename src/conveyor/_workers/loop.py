@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 
 from .. import _scope, _torch
+from .._protocol import BatchDone, Stage, StartupFailed, WorkerMessage
 from .._transport.arena import WorkerArena
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
@@ -33,7 +34,6 @@ from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
 from .fds import InheritedFd
 from .heap import HeapKeeper
 from .inbox import Inbox
-from .protocol import BatchDone, Stage, StartupFailed, WorkerMessage
 from .remote_error import capture
 from .status import StatusWriter
 from .wire import send

@@ -20,17 +20,26 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from .._protocol import (
+    GONE,
+    Died,
+    Ready,
+    Release,
+    SeedPipe,
+    StartupFailed,
+    Stop,
+    Task,
+    WorkerStatus,
+)
 from .._transport.codec import PayloadHandle
 from ..config import StartMethod
-from .api import Abilities
+from .api import Abilities, PoolEvent, Received
 from .core import UserObjects, WorkerSpec
-from .events import Died, PoolEvent, Received
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
-from .protocol import Ready, Release, SeedPipe, StartupFailed, Stop, Task
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
 from .start import modules_to_preload
-from .status import GONE, WorkerStatus, read_status, request_stop
+from .status import read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from .._protocol import MainMessage, Ready, Stage, StartupFailed
 from .._transport.object_store import ObjectStoreEncoder
 from .core import WorkerCore, WorkerSpec
-from .protocol import MainMessage, Ready, Stage, StartupFailed
 from .ray_cluster import TraceBoard
 from .remote_error import capture
 

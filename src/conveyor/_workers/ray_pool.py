@@ -37,17 +37,25 @@ from typing import Any
 
 import numpy as np
 
+from .._protocol import (
+    GONE,
+    BatchDone,
+    Died,
+    Ready,
+    SeedPipe,
+    Stage,
+    StartupFailed,
+    Task,
+    WorkerStatus,
+)
 from .._transport.object_store import ObjectStoreBatch, StorePayload
 from ..config import StartMethod
 from ..errors import ClusterCapacityWarning, ClusterLostError
 from . import ray_cluster
-from .api import Abilities
+from .api import Abilities, PoolEvent, Received
 from .core import UserObjects, WorkerSpec
-from .events import Died, PoolEvent, Received
-from .protocol import BatchDone, Ready, SeedPipe, Stage, StartupFailed, Task
 from .ray_actor import ConveyorWorker
 from .remote_error import capture
-from .status import GONE, WorkerStatus
 from .user_objects import serialize_for_cluster
 
 __all__ = ["RayPool"]

@@ -1,4 +1,5 @@
-"""Carry a worker's exception to the main process with its type intact.
+"""Carry a worker's exception to the main process with its type intact (this is the
+worker's half; ``conveyor._rebuild`` the main process's).
 
 "Intact" means the very class object, so that ``except CorruptSample`` and
 ``isinstance`` work in the main process. cloudpickle copies every ``__main__``
@@ -15,18 +16,16 @@ back as a copy with the same name, message and notes.
 
 from __future__ import annotations
 
-import importlib
 import io
-import pickle
 import sys
 import traceback
 from typing import Any
 
 import cloudpickle
 
+from .._protocol import RemoteError
+from .._rebuild import lookup
 from .._transport.main_classes import reduce_sent_class
-from ..errors import WorkerError
-from .protocol import RemoteError
 from .sources import missing_sources
 
 
@@ -45,63 +44,6 @@ def capture(exc: BaseException) -> RemoteError:
     )
 
 
-def rebuild(error: RemoteError) -> BaseException:
-    """The worker's exception, as an instance of its original type where possible."""
-    if error.pickled is not None:
-        try:
-            exc = pickle.loads(error.pickled)
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            # Only a module already loaded here can hold a class the user catches.
-            cls = _exception_type(_lookup(sys.modules.get(error.module), error.qualname))
-            return exc if cls is None else _rebuilt_as(exc, cls)
-    cls = _import_type(error.module, error.qualname)
-    if cls is not None:
-        # The constructor may take arguments that ``exc.args`` cannot reproduce:
-        # build the instance without calling __init__, as the worker had it.
-        args = _try_loads(error.args)
-        state = _try_loads(error.state)
-        rebuilt = _instantiate(
-            cls,
-            args if isinstance(args, tuple) else (error.message,),
-            state if isinstance(state, dict) else {},
-        )
-        if rebuilt is not None:
-            return rebuilt
-    return WorkerError(
-        f"{error.module}.{error.qualname}: {error.message} (this exception type could "
-        "not be imported in the main process, so it is reported as a WorkerError)"
-    )
-
-
-def _rebuilt_as(exc: BaseException, cls: type[BaseException]) -> BaseException:
-    """``exc``, unpickled as a by-value copy of ``cls``, as an instance of ``cls`` itself."""
-    copied = type(exc)
-    if copied is cls or (copied.__module__, copied.__qualname__) != (
-        cls.__module__,
-        cls.__qualname__,
-    ):
-        return exc  # the class itself, or a type its pickle chose on purpose
-    return _instantiate(cls, exc.args, dict(getattr(exc, "__dict__", {}))) or exc
-
-
-def _instantiate(
-    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]
-) -> BaseException | None:
-    try:
-        exc = cls.__new__(cls, *args)
-        exc.args = args
-    except Exception:
-        return None
-    for name, value in state.items():
-        try:
-            setattr(exc, name, value)
-        except Exception:
-            continue
-    return exc
-
-
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, but a ``__main__`` class goes by reference when its name finds it,
     and a class the main process sent by value goes back as a reference to its own."""
@@ -117,31 +59,7 @@ class _Pickler(cloudpickle.Pickler):
 
 def _by_name(cls: type) -> bool:
     """Whether ``cls`` is what its module and qualname find in this process."""
-    return _lookup(sys.modules.get(cls.__module__), cls.__qualname__) is cls
-
-
-def _lookup(module: object, qualname: str) -> Any:
-    """What ``qualname`` names in ``module``; ``None`` if nothing."""
-    if module is None:
-        return None
-    obj: Any = module
-    try:
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception:
-        return None
-    return obj
-
-
-def _import_type(module: str, qualname: str) -> type[BaseException] | None:
-    try:
-        return _exception_type(_lookup(importlib.import_module(module), qualname))
-    except Exception:
-        return None
-
-
-def _exception_type(obj: object) -> type[BaseException] | None:
-    return obj if isinstance(obj, type) and issubclass(obj, BaseException) else None
+    return lookup(sys.modules.get(cls.__module__), cls.__qualname__) is cls
 
 
 def _instance_state(exc: BaseException) -> dict[str, Any]:
@@ -157,15 +75,6 @@ def _try_dumps(obj: object) -> bytes | None:
         with io.BytesIO() as buffer:
             _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
             return buffer.getvalue()
-    except Exception:
-        return None
-
-
-def _try_loads(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return pickle.loads(data)
     except Exception:
         return None
 

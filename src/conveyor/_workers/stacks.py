@@ -16,7 +16,7 @@ from multiprocessing.connection import wait
 
 import psutil
 
-from .status import WorkerStatus
+from .._protocol import WorkerStatus
 
 __all__ = ["active_s", "crashed_core", "dump_stacks", "process_uss", "thread_stack"]
 

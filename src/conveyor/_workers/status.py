@@ -9,9 +9,8 @@ to say exactly where, without asking the worker anything.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-from .protocol import Stage
+from .._protocol import Stage, WorkerStatus
 
 STATUS_BYTES = 64
 
@@ -34,22 +33,6 @@ class _Field:
 
 _STAGE_CODES: dict[Stage, int] = {stage: i + 1 for i, stage in enumerate(Stage)}
 _CODE_STAGES: dict[int, Stage] = {code: stage for stage, code in _STAGE_CODES.items()}
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    epoch: int
-    seq: int
-    stage: Stage | None  # None: between tasks
-    position: int
-    age_s: float  # since the task began; between tasks, since the worker went idle
-    thread: int = 0  # the core's thread, when it shares its process (0: not said)
-    native_id: int = 0
-
-
-# What a worker that is gone reads as until it is replaced (retired, killed, abandoned):
-# idle since now, so no deadline ever counts against it.
-GONE = WorkerStatus(-1, -1, None, -1, 0.0)
 
 
 class StatusWriter:

@@ -29,14 +29,24 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from .._protocol import (
+    GONE,
+    BatchDone,
+    Died,
+    MainMessage,
+    SeedPipe,
+    StartupFailed,
+    Stop,
+    Task,
+    WorkerMessage,
+    WorkerStatus,
+)
 from ..config import StartMethod
 from . import thread_exit
-from .api import Abilities
+from .api import Abilities, PoolEvent, Received
 from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
-from .events import Died, PoolEvent, Received
-from .protocol import BatchDone, MainMessage, SeedPipe, StartupFailed, Stop, Task, WorkerMessage
 from .stacks import active_s
-from .status import GONE, MemoryStatus, WorkerStatus
+from .status import MemoryStatus
 
 __all__ = ["ThreadPool"]
 

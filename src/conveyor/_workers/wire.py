@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from .._protocol import BatchDone, Task, builder
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
-from .protocol import BatchDone, Task, builder
 
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle

@@ -1,10 +1,11 @@
-"""Messages between the main process and its workers.
+"""What the loop and its workers say to each other, whatever kind the workers are.
 
-Each direction has its own pipe per worker. The main process sends
-:class:`Task`, :class:`Stop` and (DataPipes) :class:`SeedPipe`; a worker answers each task
-with exactly one of
-:class:`BatchDone`, :class:`TaskFailed` or :class:`IterationEnded`, and says
-:class:`Ready` (or :class:`StartupFailed`) once after start-up.
+The main process sends :class:`Task`, :class:`Stop` and (DataPipes) :class:`SeedPipe`; a
+worker answers each task with exactly one of :class:`BatchDone`, :class:`TaskFailed` or
+:class:`IterationEnded`, and says :class:`Ready` (or :class:`StartupFailed`) once after
+start-up. What a worker is doing (:class:`WorkerStatus`) and how it ended (:class:`Died`)
+are told in the same words to the loop's judges, which therefore import no worker
+machinery: this module is shared by both sides, as ``_task.py`` is.
 
 Messages are frozen dataclasses without __slots__: those unpickle in C, twice as
 fast as slotted ones, which matters at thousands of batches per second.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-from ..errors import Culprit
+from .errors import Culprit
 
 _T = TypeVar("_T")
 
@@ -201,3 +202,55 @@ class StartupFailed:
 MainMessage = Task | Release | Stop | SeedPipe
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
 TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task
+
+
+# --- what the loop knows of a worker ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """What a worker is doing, as its status page (or sink) says."""
+
+    epoch: int
+    seq: int
+    stage: Stage | None  # None: between tasks
+    position: int
+    age_s: float  # since the task began; between tasks, since the worker went idle
+    thread: int = 0  # the core's thread, when it shares its process (0: not said)
+    native_id: int = 0
+
+
+# What a worker that is gone reads as until it is replaced (retired, killed, abandoned):
+# idle since now, so no deadline ever counts against it.
+GONE = WorkerStatus(-1, -1, None, -1, 0.0)
+
+
+@dataclass(frozen=True)
+class Died:
+    """A worker exited without being asked to (its messages came first).
+
+    ``exitcode`` None: how it ended is not known (a Ray actor's process: Ray does not say
+    whether it crashed or was killed), which is weak evidence against its sample, as a
+    kill from outside is. ``cause`` then says what is known, in words.
+
+    A bystander (a core whose process died of a sibling core's doing) is no evidence
+    against what it ran: its tasks are simply sent again."""
+
+    worker_id: int
+    pid: int | None
+    exitcode: int | None
+    status: WorkerStatus  # what it was doing, read after it died
+    cause: str | None = None
+    # Cores in threads of one process (threads_per_worker): its death ended them all.
+    shared_with: tuple[int, ...] = ()  # the other cores of its process
+    bystander: int | None = None  # the core whose doing the death was, when not this one
+    charged: bool = True  # counts against max_worker_restarts: once per process death
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A worker as its status page tells now: running a task, or idle."""
+
+    worker_id: int
+    pid: int | None
+    status: WorkerStatus
