@@ -226,25 +226,61 @@ GONE = WorkerStatus(-1, -1, None, -1, 0.0)
 
 
 @dataclass(frozen=True)
+class Own:
+    """The death was this worker's own doing: its process ran it alone, or its thread
+    crashed the process, or the loop killed the process for it. ``siblings``: the other
+    workers of its process (threads_per_worker), ended and restarted with it."""
+
+    siblings: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Bystander:
+    """It ended with its process, which worker ``of`` (a thread of the same process)
+    ended: no evidence against what it ran, and no restart charged."""
+
+    of: int
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """It ended with its process and nothing says which worker's doing it was (a kill
+    from outside): evidence against what each of them ran, but the process's death is
+    charged once, to one of them (``charged``)."""
+
+    siblings: tuple[int, ...]
+    charged: bool
+
+
+Blame = Own | Bystander | Unknown
+
+
+@dataclass(frozen=True)
 class Died:
     """A worker exited without being asked to (its messages came first).
 
     ``exitcode`` None: how it ended is not known (a Ray actor's process: Ray does not say
     whether it crashed or was killed), which is weak evidence against its sample, as a
-    kill from outside is. ``cause`` then says what is known, in words.
-
-    A bystander (a core whose process died of a sibling core's doing) is no evidence
-    against what it ran: its tasks are simply sent again."""
+    kill from outside is. ``cause`` then says what is known, in words. ``blame``: whose
+    doing the death was, when the worker shared its process with others."""
 
     worker_id: int
     pid: int | None
     exitcode: int | None
     status: WorkerStatus  # what it was doing, read after it died
     cause: str | None = None
-    # Cores in threads of one process (threads_per_worker): its death ended them all.
-    shared_with: tuple[int, ...] = ()  # the other cores of its process
-    bystander: int | None = None  # the core whose doing the death was, when not this one
-    charged: bool = True  # counts against max_worker_restarts: once per process death
+    blame: Blame = Own()
+
+    @property
+    def charged(self) -> bool:
+        """It counts against max_worker_restarts: once per process death."""
+        blame = self.blame
+        return blame.charged if isinstance(blame, Unknown) else isinstance(blame, Own)
+
+    @property
+    def siblings(self) -> tuple[int, ...]:
+        """The other workers of its process, ended with it."""
+        return () if isinstance(self.blame, Bystander) else self.blame.siblings
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,15 @@ them imports ``loader.py``. What a loader accumulates across epochs lives in
 
 from __future__ import annotations
 
-import math
-import multiprocessing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
 from ._reseed import check_reseed
+from ._supervision import SupervisionPolicy
+from ._workers import kinds
+from ._workers.kinds import WorkerKind
+from ._workers.start_method import StartMethod
 from .errors import ConfigError
 from .records import LoaderStatistics, SkippedSample
 from .stateful import is_stateful
@@ -26,134 +27,12 @@ if TYPE_CHECKING:
     from .observe.trace import Tracer
 
 __all__ = [
-    "WORKER_METHODS",
     "LoaderConfig",
     "LoaderHistory",
     "Options",
     "StartMethod",
     "SupervisionPolicy",
 ]
-
-ON_ERROR = ("raise", "skip")
-WORKER_METHODS = ("multiprocessing", "thread", "ray")
-ON_TIMEOUT = ("raise", "restart")
-
-
-@dataclass(frozen=True)
-class StartMethod:
-    """How worker processes start, and what follows from it.
-
-    Answers the questions the code used to ask by comparing strings: does the
-    child get the parent's memory as it is, must the user's objects be pickled
-    to reach it, is a fork server involved.
-    """
-
-    name: str  # "fork", "spawn" or "forkserver"
-
-    @classmethod
-    def of(cls, context: str | BaseContext | None) -> StartMethod:
-        """The start method ``context`` names (None: the platform's default),
-        without fixing multiprocessing's global default as a side effect."""
-        if isinstance(context, BaseContext):
-            return cls(context.get_start_method())
-        methods = multiprocessing.get_all_start_methods()
-        if context is None:
-            # The first of get_all_start_methods() is the platform's default (documented).
-            return cls(multiprocessing.get_start_method(allow_none=True) or methods[0])
-        if context not in methods:
-            raise ConfigError(
-                f"multiprocessing_context should be one of {methods}, got {context!r}"
-            )
-        return cls(context)
-
-    @property
-    def copies_memory(self) -> bool:
-        """The child starts as a copy of this process: handles and globals are shared."""
-        return self.name == "fork"
-
-    @property
-    def pickles_objects(self) -> bool:
-        """The dataset, collate_fn and worker_init_fn reach the child pickled."""
-        return self.name != "fork"
-
-    @property
-    def uses_server(self) -> bool:
-        """Children are forked by a fork server, not by this process."""
-        return self.name == "forkserver"
-
-    def context(self) -> BaseContext:
-        return multiprocessing.get_context(self.name)
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class SupervisionPolicy:
-    """The keyword-only failure options of ``DataLoader``.
-
-    * ``max_worker_restarts``: dead workers replaced (and their tasks re-sent)
-      over the iterator's life before giving up with ``WorkerCrashedError``
-      (deaths a sample is proven to cause are not counted).
-    * ``on_error``: ``"raise"`` (torch's behaviour) or ``"skip"`` a sample whose
-      fetch raises, a batch whose collate raises, and a sample proven to kill its
-      worker (it kills a fresh worker alone too). Skipped samples are recorded,
-      never silently lost.
-    * ``max_errors``: with ``"skip"``, how many samples an epoch may lose — a
-      count (int) or a fraction of the epoch (float < 1) — before raising anyway.
-    * ``stall_warning``: seconds after which a task still running is reported
-      with the worker's Python stack (None: never). The threshold grows to ten
-      times the workers' typical time per batch, so slow-but-steady datasets
-      are not flagged.
-    * ``on_timeout``: when ``timeout`` expires, ``"raise"`` (torch) or
-      ``"restart"``: replace the stuck worker (a process is killed, a thread abandoned)
-      and retry its tasks.
-    """
-
-    max_worker_restarts: int = 3
-    on_error: str = "raise"
-    max_errors: int | float = 0.01
-    stall_warning: float | None = 60.0
-    on_timeout: str = "raise"
-
-    def __post_init__(self) -> None:
-        restarts = self.max_worker_restarts
-        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-            raise ConfigError(
-                f"max_worker_restarts must be an int >= 0, got {self.max_worker_restarts!r}"
-            )
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        if self.on_timeout not in ON_TIMEOUT:
-            raise ConfigError(f"on_timeout must be one of {ON_TIMEOUT}, got {self.on_timeout!r}")
-        budget = self.max_errors
-        if not _is_number(budget) or not budget >= 0:  # "not >=" also rejects NaN
-            raise ConfigError(
-                "max_errors must be a count (int >= 0) or a fraction of the epoch "
-                f"(0 <= float < 1), got {budget!r}"
-            )
-        if isinstance(budget, float) and budget >= 1:
-            raise ConfigError(
-                f"max_errors as a float is a fraction of the epoch and must be < 1, got {budget!r}"
-                f" (for a count, pass an int: max_errors={int(budget)})"
-            )
-        stall = self.stall_warning
-        if stall is not None and not (_is_number(stall) and stall > 0 and math.isfinite(stall)):
-            raise ConfigError(
-                f"stall_warning must be > 0 seconds or None, got {self.stall_warning!r}"
-            )
-
-    @property
-    def skipping(self) -> bool:
-        return self.on_error == "skip"
-
-    def error_budget(self, epoch_samples: int | None) -> int | None:
-        """Samples an epoch may skip; None when a fraction has no epoch size to apply to."""
-        if isinstance(self.max_errors, int):
-            return self.max_errors
-        if epoch_samples is None:
-            return None
-        return math.ceil(self.max_errors * epoch_samples)
 
 
 @dataclass(frozen=True)
@@ -191,14 +70,12 @@ class Options:
                 f"got {self.snapshot_every_n_steps!r}"
             )
         object.__setattr__(self, "snapshot_every_n_steps", every)
-        if self.worker_method not in WORKER_METHODS:
-            raise ConfigError(
-                f"worker_method must be one of {WORKER_METHODS}, got {self.worker_method!r}: "
-                "'multiprocessing' runs each worker in a process (torch's default), "
-                "'thread' in a thread of this process, 'ray' in an actor on a Ray cluster"
-            )
-        check_worker_options(self.worker_method, self.worker_options)
-        check_threads_per_worker(self.threads_per_worker, self.worker_method)
+        kind = kinds.named(self.worker_method)
+        kind.refuse_options(self.worker_options)
+        threads = self.threads_per_worker
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads_per_worker must be an int >= 1, got {threads!r}")
+        kind.refuse_cores(threads)
 
     def policy(self) -> SupervisionPolicy:
         return SupervisionPolicy(
@@ -253,20 +130,15 @@ class LoaderConfig:
         return self.iterable or self.dataset_keeps_state
 
     @property
+    def kind(self) -> WorkerKind:
+        """The kind of worker ``worker_method`` names (what the rest asks of it)."""
+        return kinds.named(self.worker_method)
+
+    @property
     def info_method(self) -> str:
         """What ``get_worker_info().worker_method`` says: "thread" for every worker that
         shares its process with other workers (thread workers, threads_per_worker > 1)."""
-        return "thread" if self.threads_per_worker > 1 else self.worker_method
-
-    @property
-    def in_threads(self) -> bool:
-        """Workers are threads of this process: nothing is pickled or forked."""
-        return self.worker_method == "thread"
-
-    @property
-    def remote(self) -> bool:
-        """Workers are Ray actors, on this machine or others (see _workers/ray_pool.py)."""
-        return self.worker_method == "ray"
+        return kinds.THREAD.name if self.threads_per_worker > 1 else self.worker_method
 
     @property
     def dataset_keeps_state(self) -> bool:
@@ -305,59 +177,3 @@ class LoaderHistory:
     def next_epoch(self) -> int:
         self.epochs_started += 1
         return self.epochs_started - 1
-
-
-# Actor options that would break what conveyor promises: it restarts workers itself
-# (exactly once, within max_worker_restarts), and a worker runs its tasks one at a time,
-# in the order sent (an iterable dataset's batches follow that order).
-_RAY_OPTIONS_KEPT = {
-    "max_restarts": "conveyor replaces dead workers itself (max_worker_restarts)",
-    "max_task_retries": "conveyor re-sends a dead worker's tasks itself, exactly once",
-    "max_concurrency": "a worker runs its tasks one at a time, in the order sent",
-    "concurrency_groups": "a worker runs its tasks one at a time, in the order sent",
-    "lifetime": "a worker lives as long as its loader's iterator",
-    "name": "each worker's actor is conveyor's own",
-    "namespace": "each worker's actor is conveyor's own",
-    "get_if_exists": "each worker's actor is conveyor's own",
-}
-
-
-def check_threads_per_worker(threads: Any, worker_method: str) -> None:
-    """``threads_per_worker``: an int >= 1; above 1, for worker processes only."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"threads_per_worker must be an int >= 1, got {threads!r}")
-    if threads > 1 and worker_method != "multiprocessing":
-        raise ConfigError(
-            f"threads_per_worker={threads} runs threads inside worker processes, but "
-            f"worker_method={worker_method!r} starts no worker process. Use "
-            "worker_method='multiprocessing' with it, or drop it (with worker_method='thread', "
-            "num_workers is the number of threads)."
-        )
-
-
-def check_worker_options(worker_method: str, options: Mapping[str, Any] | None) -> None:
-    """``worker_options`` go to Ray as actor options (CPUs per worker, custom resources,
-    a runtime environment): a mapping of option names, for ``worker_method="ray"`` only.
-    Ray checks the names and values it knows when the workers start."""
-    if options is None:
-        return
-    if worker_method != "ray":
-        raise ConfigError(
-            f"worker_options={options!r} are Ray actor options: they need "
-            f"worker_method='ray', got worker_method={worker_method!r}. Drop worker_options, "
-            "or pass worker_method='ray'."
-        )
-    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-        raise ConfigError(
-            "worker_options must be a mapping of Ray actor option names to values, e.g. "
-            f"{{'num_cpus': 2, 'runtime_env': {{'pip': ['pillow']}}}}, got {options!r}"
-        )
-    for key, why in _RAY_OPTIONS_KEPT.items():
-        if key in options:
-            raise ConfigError(
-                f"worker_options[{key!r}] cannot be set: {why}. Drop it from worker_options."
-            )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -28,11 +28,12 @@ from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
 from ._replaced import AcceleratePrepared
 from ._worker_arguments import too_many_workers, worker_arguments
-from ._workers.ray_cluster import require_ray
-from .config import LoaderConfig, LoaderHistory, Options, StartMethod
+from ._workers import kinds
+from ._workers.start_method import StartMethod
+from .config import LoaderConfig, LoaderHistory, Options
 from .dataset import is_iterable_dataset
 from .diagnostics.preflight import run_automatic, warn_at_construction
-from .errors import ConfigError, DuplicateDataWarning, PrefetchFactorError
+from .errors import DuplicateDataWarning, PrefetchFactorError
 from .observe.autotune import auto_workers
 from .observe.trace import Tracer, recording
 from .observe.verdict import Verdict, diagnose
@@ -45,11 +46,6 @@ _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
 
-
-_STARTS_NO_PROCESS = {
-    "thread": "thread workers start no process",
-    "ray": "Ray starts its workers' processes on the cluster's nodes",
-}
 
 _torch_module = _torch.load()
 # With torch installed, conveyor's loader *is* a torch DataLoader to every isinstance
@@ -138,7 +134,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         worker_options: Mapping[str, Any] | None = None,
         threads_per_worker: int = 1,
     ) -> None:
-        self._tuner = auto_workers(num_workers, worker_method, threads_per_worker)
+        self._tuner = auto_workers(num_workers, kinds.find(worker_method), threads_per_worker)
         num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
         prefetch_factor = worker_arguments(
             num_workers, timeout, prefetch_factor, persistent_workers
@@ -176,14 +172,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         )
         for name in self.conveyor_options:
             setattr(self, name, getattr(options, name))
-        if worker_method in ("thread", "ray") and multiprocessing_context is not None:
-            raise ConfigError(
-                f"multiprocessing_context={multiprocessing_context!r} has no meaning with "
-                f"worker_method={worker_method!r}: {_STARTS_NO_PROCESS[worker_method]}. Drop one "
-                "of them."
-            )
-        if worker_method == "ray":
-            require_ray()
+        kind = kinds.named(worker_method)  # (checked by Options above)
+        kind.refuse_start_method(multiprocessing_context)
+        kind.require()
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -356,7 +347,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         # Ray workers get the objects pickled when their pool starts, which names what does
         # not pickle (as spawn's pre-flight would); thread workers get checked for what
         # threads must not share (diagnostics/thread_hazards.py).
-        checked = config.worker_method in ("multiprocessing", "thread")
+        checked = config.kind.automatic_preflight
         if self.num_workers > 0 and self._preflight_pending and checked:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
             # (or state_dict()) line: four frames up.
@@ -491,9 +482,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when asking for more workers than usable CPUs."""
-        if self.num_workers == 0 or self.worker_method == "thread":
-            return  # threads mostly wait (I/O) or release the GIL: more than cores is fine
-        if self.worker_method == "ray":
-            return  # the cluster's CPUs, not this machine's
+        if self.num_workers == 0 or not self._config.kind.starts_processes:
+            # Threads mostly wait (I/O) or release the GIL: more than cores is fine; Ray's
+            # workers use the cluster's CPUs, not this machine's.
+            return
         if (text := too_many_workers(self.num_workers)) is not None:
             warnings.warn(text, UserWarning, stacklevel=2)

@@ -25,7 +25,6 @@ from conveyor._transport.codec import InlinePayload, dumps
 from conveyor._workers.api import Abilities, PoolEvent, Received
 from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
 from conveyor._workers.status import MemoryStatus
-from conveyor.config import StartMethod
 
 IDLE = WorkerStatus(-1, -1, None, -1, 0.0)
 
@@ -89,9 +88,7 @@ class FakePool:
 
     instances: list[FakePool] = []
 
-    def __init__(
-        self, start_method: StartMethod, user: UserObjects, specs: Sequence[WorkerSpec]
-    ) -> None:
+    def __init__(self, user: UserObjects, specs: Sequence[WorkerSpec]) -> None:
         self.user = user
         self.specs = list(specs)
         self._pids = itertools.count(1000)

@@ -15,7 +15,7 @@ from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import Handout
 from conveyor._iter.tally import Tally
 from conveyor._protocol import BatchDone, Busy, Died, Stage, Task, WorkerStatus
-from conveyor.config import SupervisionPolicy
+from conveyor._supervision import SupervisionPolicy
 from conveyor.records import SkippedSample
 
 DONE = object()  # a batch payload stand-in

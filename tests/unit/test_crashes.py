@@ -23,7 +23,7 @@ from tests.helpers.tables import (
 from conveyor._iter.facts import GiveUpAt
 from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import GiveUp, Handout, Wait
-from conveyor._protocol import Stage
+from conveyor._protocol import Bystander, Own, Stage, Unknown
 from conveyor.errors import WorkerCrashedError
 
 
@@ -370,8 +370,8 @@ def test_evidence_is_per_epoch() -> None:
 def test_a_bystander_core_is_restarted_with_its_tasks_and_no_evidence_or_charge() -> None:
     world = loop(workers=2, max_worker_restarts=1)
     dispatch(world.book, batches(4))  # worker 0 holds 0 and 2, worker 1 holds 1 and 3
-    culprit = replace(died(0, 0), shared_with=(1,))
-    bystander = replace(died(1, 1), shared_with=(0,), bystander=0, charged=False)
+    culprit = replace(died(0, 0), blame=Own((1,)))
+    bystander = replace(died(1, 1), blame=Bystander(0))
     first = world.die(culprit, 1.0)
     assert isinstance(first, Restarted)
     assert "Workers 1 ran as threads of the same process and were restarted with it" in (
@@ -384,7 +384,7 @@ def test_a_bystander_core_is_restarted_with_its_tasks_and_no_evidence_or_charge(
     assert world.judge.charged == 1  # one process died: one restart of one allowed
     # Batch 1 was running when its process died, but not of its doing: when its worker
     # dies at it again, that is its first count, not its second.
-    again = world.judge.on_death(replace(died(1, 1), shared_with=(0,)))
+    again = world.judge.on_death(replace(died(1, 1), blame=Own((0,))))
     assert isinstance(again, GiveUpAt)  # the budget (1) is spent, not a poison proof
     assert "max_worker_restarts" in str(again.error)
 
@@ -393,8 +393,8 @@ def test_cores_killed_together_from_outside_are_each_evidence_but_charged_once()
     world = loop(workers=3, max_worker_restarts=1)
     dispatch(world.book, batches(3, size=1))  # one single-sample task each
     deaths = [
-        replace(died(w, w, code=SIGKILL), shared_with=tuple(i for i in range(3) if i != w),
-                charged=w == 0)
+        replace(died(w, w, code=SIGKILL),
+                blame=Unknown(tuple(i for i in range(3) if i != w), charged=w == 0))
         for w in range(3)
     ]  # fmt: skip
     decisions = [world.die(death, 1.0) for death in deaths]
@@ -409,9 +409,7 @@ def test_cores_killed_together_from_outside_are_each_evidence_but_charged_once()
 def test_a_bystander_of_an_iterable_dataset_gives_up_naming_who_ended_its_process() -> None:
     world = loop(workers=2, iterable=True)
     dispatch(world.book, batches(2))
-    decision = world.judge.on_death(
-        replace(died(1, 1), shared_with=(0,), bystander=0, charged=False)
-    )
+    decision = world.judge.on_death(replace(died(1, 1), blame=Bystander(0)))
     assert isinstance(decision, GiveUpAt)
     assert "ended with its process, which worker 0 (a thread of the same process) ended" in (
         str(decision.error)

@@ -21,7 +21,7 @@ from conveyor import DataLoader
 from conveyor._iter.multiprocess import MultiprocessIterator
 from conveyor._iter.pin_ahead import THREAD_NAME, PinAhead
 from conveyor._workers.start import start_process
-from conveyor.config import StartMethod
+from conveyor._workers.start_method import StartMethod
 from conveyor.diagnostics.fork_hazards import running_threads
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._protocol import BatchDone, IterationEnded, Task, TaskReply
-from ..config import SupervisionPolicy
+from .._supervision import SupervisionPolicy
 from ..records import SkippedSample
 from .facts import LeaveOut, Position, Restart
 from .ledger import BATCH, ITERABLE, SINGLE, Entry, Ledger, LedgerView, WorkerRecord

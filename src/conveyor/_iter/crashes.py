@@ -20,8 +20,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from .._protocol import Died, Stage, WorkerStatus
-from ..config import SupervisionPolicy
+from .._protocol import Bystander, Died, Stage, WorkerStatus
+from .._supervision import SupervisionPolicy
 from ..errors import WorkerCrashedError
 from . import messages
 from .facts import GiveUpAt, LeaveOut, Resend, Restart, Verdict
@@ -94,8 +94,8 @@ class CrashJudge:
         ledger, worker_id = self._ledger, death.worker_id
         self._sync_epoch()
         held = ledger.held(worker_id)
-        if death.bystander is not None:
-            return self._bystander(death, held)
+        if isinstance(death.blame, Bystander):
+            return self._bystander(death, death.blame, held)
         culprit = self._culprit(death.status, held)
         entry = self._entry(culprit) if culprit is not None else None
         evidence = self._evidence_of(culprit) if culprit is not None else None
@@ -160,22 +160,25 @@ class CrashJudge:
         retried = len(resend) - len(probes)
         report = messages.restart_report(summary, proven, self.charged, limit, retried, probes)
         if death.charged:  # once for the process
-            report += messages.restarted_with(death.shared_with)
+            report += messages.restarted_with(death.siblings)
         return Restart(worker_id, resend, report, retried, leave_out, start_death)
 
-    def _bystander(self, death: Died, held: list[int]) -> Verdict:
+    def _bystander(self, death: Died, blame: Bystander, held: list[int]) -> Verdict:
         """A core whose process died of a sibling core's doing: nothing against what it
         ran; restarted with its process, its tasks sent again as they were. The
         sibling's report says so (no warning of its own)."""
         if self._ledger.fatal is not None or self.iterable:
-            return GiveUpAt(self._bystander_error(death, held), min(held, default=None))
+            error = self._bystander_error(death, blame, held)
+            return GiveUpAt(error, min(held, default=None))
         resend, _ = self._resend(held, None, None)
         return Restart(death.worker_id, resend, "", len(resend))
 
-    def _bystander_error(self, death: Died, held: list[int]) -> WorkerCrashedError:
+    def _bystander_error(
+        self, death: Died, blame: Bystander, held: list[int]
+    ) -> WorkerCrashedError:
         indices = self._indices(held)
         return WorkerCrashedError(
-            messages.bystander_death(death, indices),
+            messages.bystander_death(death, blame.of, indices),
             worker_id=death.worker_id,
             pid=death.pid,
             exitcode=death.exitcode,

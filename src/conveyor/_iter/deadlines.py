@@ -24,7 +24,7 @@ tests/unit/test_deadlines.py tables its rules.
 from __future__ import annotations
 
 from .._protocol import Busy
-from ..config import SupervisionPolicy
+from .._supervision import SupervisionPolicy
 from ..errors import WorkerTimeoutError
 from . import messages
 from .facts import Overdue, Stalled, TimedOut

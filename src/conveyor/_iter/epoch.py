@@ -231,7 +231,7 @@ class EpochStart:
                 max_slots=config.prefetch_factor + SLOTS_BEYOND_PREFETCH,
                 skip_errors=config.policy.skipping,
                 # Worker processes leave tensors to this process (see _torch.py).
-                tensors_in_main=not config.in_threads and _torch.load() is not None,
+                tensors_in_main=config.kind.tensors_in_main and _torch.load() is not None,
                 reseed=config.reseed,
                 report_state=per_worker,
                 resume_state=restored[i] if restored is not None else None,

@@ -281,12 +281,12 @@ def restarted_with(siblings: tuple[int, ...]) -> str:
     )
 
 
-def bystander_death(death: Died, indices: tuple[Any, ...]) -> str:
+def bystander_death(death: Died, ended_by: int, indices: tuple[Any, ...]) -> str:
     """A worker that ended with its process, which another worker's thread ended."""
     held = f" It held dataset indices {short(indices)}." if indices else ""
     return (
         f"DataLoader worker {death.worker_id} (pid {death.pid}) ended with its process, "
-        f"which worker {death.bystander} (a thread of the same process) ended.{held}"
+        f"which worker {ended_by} (a thread of the same process) ended.{held}"
     )
 
 

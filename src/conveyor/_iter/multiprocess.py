@@ -23,7 +23,6 @@ from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
 from .._protocol import BatchDone, Died, IterationEnded, Ready, SeedPipe, StartupFailed, TaskFailed
 from .._transport.arena import run_ahead_bytes
-from .._workers import kinds
 from .._workers.api import BatchHandle, PoolFactory, Received
 from .._workers.core import UserObjects
 from ..collate import registrations as collate_registrations
@@ -90,13 +89,13 @@ class MultiprocessIterator:
             auto_collation=config.auto_collation, policy=config.policy,
             skipped=history.skipped, run_ahead_bytes=run_ahead, now=now,
         )  # fmt: skip
-        self._tally = Tally(config.num_workers, now, history, config.worker_method)
+        self._tally = Tally(config.num_workers, now, history, config.kind.name)
         self._specs = start.worker_specs(pipe_seed=pipe_seed, run_ahead_bytes=run_ahead)
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if pool_factory is None:
-            pool_factory = kinds.pool_factory(config)
-        self._pool = pool_factory(config.start_method, user, self._specs)
+            pool_factory = config.kind.pool(config)
+        self._pool = pool_factory(user, self._specs)
         # At once: a Ctrl-C from here on finds the workers to stop (see _take_charge).
         self._finalizer = weakref.finalize(self, close_in_order, self._pin_ahead, self._pool)
         try:
@@ -371,7 +370,7 @@ class MultiprocessIterator:
                 self._book.on_ready(worker_id)
                 self.progress.began(worker_id, state)
             case StartupFailed():
-                pid, remote = self._pid(worker_id), self._config.remote
+                pid, remote = self._pid(worker_id), not self._config.kind.local
                 error = failures.startup_failed(worker_id, message, pid, remote=remote)
                 self._book.on_startup_failed(worker_id, error)
             case BatchDone() | TaskFailed() | IterationEnded():

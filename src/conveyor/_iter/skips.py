@@ -8,7 +8,7 @@ from typing import Any
 
 from .._protocol import RemoteError, SampleFailed
 from .._rebuild import rebuild
-from ..config import SupervisionPolicy
+from .._supervision import SupervisionPolicy
 from ..errors import Culprit, WorkerContext, WorkerCrashedError, add_note, attach_worker_context
 from ..records import SkippedSample
 from . import messages

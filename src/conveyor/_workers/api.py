@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._protocol import Died, SeedPipe, Task, WorkerMessage, WorkerStatus
-from ..config import StartMethod
 from .core import UserObjects, WorkerSpec
 
 __all__ = [
@@ -187,6 +186,6 @@ class Pool(Protocol):
 
 
 class PoolFactory(Protocol):
-    def __call__(
-        self, start_method: StartMethod, user: UserObjects, specs: Sequence[WorkerSpec]
-    ) -> Pool: ...
+    """Starts a kind's workers (its settings bound by its ``WorkerKind.pool``)."""
+
+    def __call__(self, user: UserObjects, specs: Sequence[WorkerSpec]) -> Pool: ...

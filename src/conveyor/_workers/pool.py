@@ -22,23 +22,27 @@ from typing import Any
 
 from .._protocol import (
     GONE,
+    Blame,
+    Bystander,
     Died,
+    Own,
     Ready,
     Release,
     SeedPipe,
     StartupFailed,
     Stop,
     Task,
+    Unknown,
     WorkerStatus,
 )
 from .._transport.codec import PayloadHandle
-from ..config import StartMethod
 from .api import Abilities, PoolEvent, Received
 from .core import UserObjects, WorkerSpec
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
 from .start import modules_to_preload
+from .start_method import StartMethod
 from .status import read_status, request_stop
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
 from .user_objects import serialize_once
@@ -56,10 +60,10 @@ class WorkerPool:
 
     def __init__(
         self,
-        start_method: StartMethod,
         user: UserObjects,
         specs: Sequence[WorkerSpec],
         *,
+        start_method: StartMethod,
         threads_per_worker: int = 1,
     ) -> None:
         self._workers: list[Worker] = []
@@ -275,20 +279,16 @@ class WorkerPool:
             culprit = crashed_core(host.crash_dump(), dict(zip(host.cores, statuses, strict=True)))
         for n, (worker, status) in enumerate(zip(cores, statuses, strict=True)):
             self._dead.add(worker.worker_id)
-            bystander = culprit is not None and worker.worker_id != culprit
-            charged = worker.worker_id == culprit if culprit is not None else n == 0
-            shared = tuple(i for i in host.cores if i != worker.worker_id)
-            events.append(
-                Died(
-                    worker.worker_id,
-                    worker.pid,
-                    host.process.exitcode,
-                    status,
-                    bystander=culprit if bystander else None,
-                    charged=charged,
-                    shared_with=shared,
-                )
-            )
+            siblings = tuple(i for i in host.cores if i != worker.worker_id)
+            blame: Blame
+            if culprit is None and siblings:
+                blame = Unknown(siblings, charged=n == 0)
+            elif culprit is None or worker.worker_id == culprit:
+                blame = Own(siblings)
+            else:
+                blame = Bystander(culprit)
+            exitcode = host.process.exitcode
+            events.append(Died(worker.worker_id, worker.pid, exitcode, status, blame=blame))
         return events
 
     # --- seeing into workers (Abilities.inspect) -------------------------------------

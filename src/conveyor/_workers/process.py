@@ -14,13 +14,13 @@ from multiprocessing.process import BaseProcess
 
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder
-from ..config import StartMethod
 from . import parent_watch
 from .core import UserObjects, WorkerSpec
 from .fds import InheritedFd
 from .loop import CoreEnds, worker_main
 from .outbox import Outbox
 from .start import start_process
+from .start_method import StartMethod
 from .status import mark_starting
 from .user_objects import PickledWhileSpawning
 from .wire import FrameReader

@@ -24,6 +24,7 @@ __all__ = [
     "INSTALL",
     "TraceBoard",
     "actor_class",
+    "check_actor_options",
     "connect",
     "describe_loss",
     "is_startup_failure",
@@ -41,6 +42,38 @@ KV_TIMEOUT_S = 5.0  # a GCS that does not answer a small read in this long is go
 # reserves one CPU (Ray's default for actors is none once placed, which would pack every
 # worker on one node), and Ray restarts and retries nothing (conveyor does, exactly once).
 _ACTOR_DEFAULTS: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, "max_task_retries": 0}
+
+
+# Actor options that would break what conveyor promises: it restarts workers itself
+# (exactly once, within max_worker_restarts), and a worker runs its tasks one at a time,
+# in the order sent (an iterable dataset's batches follow that order).
+_RAY_OPTIONS_KEPT = {
+    "max_restarts": "conveyor replaces dead workers itself (max_worker_restarts)",
+    "max_task_retries": "conveyor re-sends a dead worker's tasks itself, exactly once",
+    "max_concurrency": "a worker runs its tasks one at a time, in the order sent",
+    "concurrency_groups": "a worker runs its tasks one at a time, in the order sent",
+    "lifetime": "a worker lives as long as its loader's iterator",
+    "name": "each worker's actor is conveyor's own",
+    "namespace": "each worker's actor is conveyor's own",
+    "get_if_exists": "each worker's actor is conveyor's own",
+}
+
+
+def check_actor_options(options: Mapping[str, Any]) -> None:
+    """``worker_options`` go to Ray as actor options (CPUs per worker, custom resources,
+    a runtime environment): a mapping of option names. Ray checks the names and values
+    it knows when the workers start; those that would break what conveyor promises are
+    refused here."""
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(
+            "worker_options must be a mapping of Ray actor option names to values, e.g. "
+            f"{{'num_cpus': 2, 'runtime_env': {{'pip': ['pillow']}}}}, got {options!r}"
+        )
+    for key, why in _RAY_OPTIONS_KEPT.items():
+        if key in options:
+            raise ConfigError(
+                f"worker_options[{key!r}] cannot be set: {why}. Drop it from worker_options."
+            )
 
 
 def require_ray() -> None:

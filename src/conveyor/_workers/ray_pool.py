@@ -49,7 +49,6 @@ from .._protocol import (
     WorkerStatus,
 )
 from .._transport.object_store import ObjectStoreBatch, StorePayload
-from ..config import StartMethod
 from ..errors import ClusterCapacityWarning, ClusterLostError
 from . import ray_cluster
 from .api import Abilities, PoolEvent, Received
@@ -108,7 +107,6 @@ class RayPool:
 
     def __init__(
         self,
-        start_method: StartMethod,  # unused: Ray starts the processes
         user: UserObjects,
         specs: Sequence[WorkerSpec],
         *,

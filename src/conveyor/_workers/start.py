@@ -21,8 +21,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any, ClassVar
 
 from .._torch import DEFER_ENV
-from ..config import StartMethod
 from .interrupts import interrupts_deferred
+from .start_method import StartMethod
 
 _lock = threading.Lock()  # held by every start; a fork waits for the others (see _start)
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")

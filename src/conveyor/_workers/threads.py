@@ -41,7 +41,6 @@ from .._protocol import (
     WorkerMessage,
     WorkerStatus,
 )
-from ..config import StartMethod
 from . import thread_exit
 from .api import Abilities, PoolEvent, Received
 from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
@@ -188,7 +187,6 @@ class ThreadPool:
 
     def __init__(
         self,
-        start_method: StartMethod,  # unused: threads start no process
         user: UserObjects,
         specs: Sequence[WorkerSpec],
         *,

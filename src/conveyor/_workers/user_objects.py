@@ -21,9 +21,9 @@ import cloudpickle
 
 from .. import _datapipes
 from .._transport.arena import SETUP_NAME
-from ..config import StartMethod
 from .core import UserObjects
 from .sources import code_reducers
+from .start_method import StartMethod
 
 __all__ = ["PickledWhileSpawning", "serialize_for_cluster", "serialize_once"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..config import StartMethod
+from .._workers.start_method import StartMethod
 from .findings import ENVIRONMENT, Finding, Severity
 from .fixes import fix_for, per_worker_fix, reseed_fix
 from .handles import Handle, describe_descriptor, describe_handle

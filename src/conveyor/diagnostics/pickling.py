@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 
 from .._transport.main_classes import reduce_sent_class
-from ..config import StartMethod
+from .._workers.start_method import StartMethod
 from ..errors import UnpicklableError
 from .fixes import fix_for, sharing_is_a_hazard
 from .handles import Handle, describe_handle

@@ -30,7 +30,10 @@ from typing import Any
 import cloudpickle
 
 from .._datapipes import is_datapipe
-from ..config import LoaderConfig, StartMethod
+from .._workers import kinds
+from .._workers.kinds import WorkerKind
+from .._workers.start_method import StartMethod
+from ..config import LoaderConfig
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
 from .findings import Finding, Report, Severity
@@ -56,7 +59,6 @@ __all__ = [
     "warn_at_construction",
 ]
 
-_WORKER_METHODS = ("multiprocessing", "thread", "ray")
 _MAX_BATCH_LEAVES = 10_000
 _FULL_WALK_OBJECTS = 20_000  # check() may look further than the automatic pre-flight
 _SAID_AT_CONSTRUCTION = frozenset({"thread-torch-rng"})
@@ -78,7 +80,7 @@ class _Target:
     auto_collation: bool
     collate_fn: Callable[[Any], Any] | None
     iterable: bool
-    worker_method: str = "multiprocessing"  # or "thread": nothing pickled, nothing forked
+    kind: WorkerKind = kinds.MULTIPROCESSING
     threads_per_worker: int = 1  # worker processes of several cores in threads
 
     @property
@@ -88,7 +90,8 @@ class _Target:
 
     @property
     def threads(self) -> bool:
-        return self.worker_method == "thread"
+        """The workers are threads of this process: nothing pickled, nothing forked."""
+        return self.kind.in_this_process
 
     @property
     def dataset(self) -> Any:
@@ -128,12 +131,13 @@ def check(
     """
     target = _target(dataset_or_loader, num_workers, multiprocessing_context)
     if worker_method is not None:
-        if worker_method not in _WORKER_METHODS:
+        kind = kinds.find(worker_method)
+        if kind is None:
             raise ConfigError(
-                f"worker_method should be one of {_WORKER_METHODS}, got {worker_method!r}"
+                f"worker_method should be one of {kinds.names()}, got {worker_method!r}"
             )
-        target = dataclasses.replace(target, worker_method=worker_method)
-    if target.worker_method == "ray":  # the objects reach Ray's workers pickled, as spawn's do
+        target = dataclasses.replace(target, kind=kind)
+    if target.kind.always_pickled:  # the objects reach its workers pickled, as spawn's do
         target = dataclasses.replace(target, start_method=StartMethod("spawn"))
     findings: list[Finding] = []
     if target.num_workers > 0:
@@ -186,7 +190,7 @@ def warn_at_construction(config: LoaderConfig, stacklevel: int = 3) -> None:
     """Warn, as the loader is built, of what draws from torch's global generator when its
     workers are threads (or processes of several threads); ``stacklevel``: how deep the
     user's ``DataLoader(...)`` line is."""
-    threads = config.worker_method == "thread" or config.threads_per_worker > 1
+    threads = config.kind.in_this_process or config.threads_per_worker > 1
     if not (config.preflight and config.num_workers > 0 and threads):
         return
     walk = Walk(_from_config(config, None, None).roots, pickled=False)
@@ -251,7 +255,7 @@ def _from_config(
         auto_collation=config.auto_collation,
         collate_fn=config.collate_fn,
         iterable=config.iterable,
-        worker_method=config.worker_method,
+        kind=config.kind,
         threads_per_worker=config.threads_per_worker,
     )
 

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from conveyor import DataLoader
-from conveyor.config import StartMethod
+from conveyor._workers.start_method import StartMethod
 from conveyor.dataset import is_iterable_dataset
 from conveyor.diagnostics.environment import affinity
 from conveyor.diagnostics.findings import Finding, Report

@@ -12,10 +12,14 @@ window to see its effect, so it settles rather than oscillates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..records import StageTimes
 from .progress import logger
+
+if TYPE_CHECKING:
+    from .._workers.kinds import WorkerKind
 
 __all__ = ["Autotuner", "Decision", "Limits", "auto_workers"]
 
@@ -135,10 +139,11 @@ PROCESSES_PER_CPU = 4  # worker processes beyond the cores only while they wait 
 
 
 def auto_workers(
-    num_workers: object, worker_method: str, threads_per_worker: object = 1
+    num_workers: object, kind: WorkerKind | None, threads_per_worker: object = 1
 ) -> Autotuner | None:
     """For ``num_workers="auto"``, a tuner that has chosen where to start (logged on the
-    ``conveyor`` logger); None for a count."""
+    ``conveyor`` logger); None for a count. ``kind`` None: ``worker_method`` names none
+    (the loader says so next), sized as worker processes meanwhile."""
     if num_workers != "auto":
         if isinstance(num_workers, str):
             raise ConfigError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}")
@@ -156,7 +161,7 @@ def auto_workers(
             "threads. Give num_workers as a count of processes, or use num_workers='auto' "
             "with worker_method='thread' (it then counts threads)."
         )
-    if worker_method == "ray":
+    if kind is not None and not kind.local:
         raise ConfigError(
             "num_workers='auto' sizes the workers to this machine's CPUs; with "
             "worker_method='ray' they run on the cluster's nodes. Give num_workers as a "
@@ -166,7 +171,7 @@ def auto_workers(
     from ..diagnostics.environment import cpus
 
     usable = cpus().usable
-    threads = worker_method == "thread"
+    threads = kind is not None and kind.in_this_process
     most = THREADS_MOST if threads else PROCESSES_PER_CPU * usable
     tuner = Autotuner(Limits(usable, most), threads=threads)
     logger.info("num_workers='auto': %s", tuner.first().why)
