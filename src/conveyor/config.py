@@ -1,29 +1,38 @@
 """What a loader was asked to do, as frozen values.
 
-``DataLoader.__init__`` validates torch's arguments and conveyor's own, then
-builds one :class:`LoaderConfig`. The iterators, the pre-flight checks and
-``doctor`` read that value and never the ``DataLoader`` itself, so none of
-them imports ``loader.py``. What a loader accumulates across epochs lives in
-:class:`LoaderHistory`, passed explicitly beside the config.
+``DataLoader.__init__`` hands its arguments to :meth:`LoaderConfig.from_torch_args`,
+which applies torch's rules (``_torch_rules.py``) and checks conveyor's own options
+(:class:`Options`, nested), once. The iterators, the pre-flight checks and ``doctor``
+read that value and never the ``DataLoader`` itself, so none of them imports
+``loader.py``; a public attribute the user sets afterwards, as torch allows for some,
+changes it through :meth:`LoaderConfig.following`. What a loader accumulates across
+epochs lives in :class:`LoaderHistory`, passed explicitly beside the config.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from multiprocessing.context import BaseContext
+from typing import TYPE_CHECKING, Any, cast
 
+from . import _datapipes, _torch
+from . import collate as _collate
 from ._reseed import check_reseed
 from ._supervision import SupervisionPolicy
+from ._torch_rules import sampling, start_context, worker_arguments
 from ._workers import kinds
 from ._workers.kinds import WorkerKind
 from ._workers.start_method import StartMethod
+from .dataset import is_iterable_dataset
 from .errors import ConfigError
+from .observe.autotune import Autotuner, auto_workers
 from .records import LoaderStatistics, SkippedSample
 from .stateful import is_stateful
 
 if TYPE_CHECKING:
-    from .observe.autotune import Autotuner
     from .observe.trace import Tracer
 
 __all__ = [
@@ -33,6 +42,12 @@ __all__ = [
     "StartMethod",
     "SupervisionPolicy",
 ]
+
+# The attributes torch lets a user set after __init__ that are the config's own fields.
+_FOLLOWED = frozenset(
+    {"collate_fn", "worker_init_fn", "generator", "timeout", "in_order", "pin_memory",
+     "pin_memory_device", "multiprocessing_context"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ class Options:
     threads_per_worker: int = 1  # worker cores per worker process, each in a thread
 
     def __post_init__(self) -> None:
-        self.policy()  # checks the failure options
+        self.policy  # noqa: B018 (made now: it checks the failure options)
         for flag in ("preflight", "run_ahead", "progress", "report"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
@@ -70,13 +85,14 @@ class Options:
                 f"got {self.snapshot_every_n_steps!r}"
             )
         object.__setattr__(self, "snapshot_every_n_steps", every)
-        kind = kinds.named(self.worker_method)
+        kind = self.kind
         kind.refuse_options(self.worker_options)
         threads = self.threads_per_worker
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ConfigError(f"threads_per_worker must be an int >= 1, got {threads!r}")
         kind.refuse_cores(threads)
 
+    @functools.cached_property
     def policy(self) -> SupervisionPolicy:
         return SupervisionPolicy(
             max_worker_restarts=self.max_worker_restarts,
@@ -86,10 +102,22 @@ class Options:
             on_timeout=self.on_timeout,
         )
 
+    @property
+    def kind(self) -> WorkerKind:
+        """The kind of worker ``worker_method`` names (what the rest asks of it)."""
+        return kinds.named(self.worker_method)
+
+    @property
+    def snapshot_every(self) -> int:
+        """``snapshot_every_n_steps`` as a count (0: no periodic snapshot)."""
+        return self.snapshot_every_n_steps or 0
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """Everything an iterator needs, validated (see ``DataLoader``)."""
+    """Everything an iterator needs, validated (see ``DataLoader`` and
+    :meth:`from_torch_args`): torch's arguments as torch's rules leave them, and
+    conveyor's own options."""
 
     dataset: Any
     collate_fn: Any
@@ -100,45 +128,141 @@ class LoaderConfig:
     batch_size: int | None
     drop_last: bool
     generator: Any
+    # Worker cores: the loader's num_workers times options.threads_per_worker (each a
+    # worker to the loop, get_worker_info() and a checkpoint; the pool keeps each
+    # process's cores together).
     num_workers: int
-    prefetch_factor: int  # 0 without workers
+    prefetch_factor: int | None  # as torch keeps it: None without workers
     timeout: float
     in_order: bool
     persistent_workers: bool
     pin_memory: bool
     pin_memory_device: str
-    start_method: StartMethod
-    policy: SupervisionPolicy = field(default_factory=SupervisionPolicy)
-    preflight: bool = True
-    reseed: str = "worker"  # see conveyor._reseed
-    snapshot_every_n_steps: int = 1  # how often workers' dataset states are snapshotted
-    run_ahead: bool = True  # small batches: tasks beyond prefetch_factor (see DataLoader)
-    worker_method: str = "multiprocessing"  # or "thread", "ray": see DataLoader
-    worker_options: Mapping[str, Any] | None = None  # Ray actor options (worker_method="ray")
-    progress: bool = False  # a progress line as epochs go (observe/progress.py)
-    report: bool = False  # the epoch's figures and verdict at its end (observe/watch.py)
+    multiprocessing_context: BaseContext | None  # None: the platform's default
+    options: Options = field(default_factory=Options)
     tuner: Autotuner | None = None  # num_workers="auto": chose the count, adapts it
-    # Worker cores per worker process, each in a thread: num_workers above counts cores
-    # (the loader's num_workers times this), each a worker to the loop, get_worker_info()
-    # and a checkpoint; the pool keeps each process's cores together.
-    threads_per_worker: int = 1
+
+    @classmethod
+    def from_torch_args(
+        cls,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int | str = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: str | BaseContext | None = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        **options: Any,
+    ) -> LoaderConfig:
+        """A loader's config from ``DataLoader``'s arguments (``options``: conveyor's
+        own, by name), checked in torch's order, with torch's exceptions."""
+        method = options.get("worker_method", Options.worker_method)
+        threads = options.get("threads_per_worker", Options.threads_per_worker)
+        tuner = auto_workers(num_workers, kinds.find(method), threads)
+        workers = tuner.history[0][0] if tuner else cast(int, num_workers)
+        prefetch = worker_arguments(workers, timeout, prefetch_factor, persistent_workers)
+        iterable = is_iterable_dataset(dataset)
+        datapipe = _datapipes.is_iter_datapipe(dataset)
+        if _datapipes.is_datapipe(dataset):  # it shuffles and shards itself
+            dataset = _datapipes.wrap(dataset, shuffle)
+        context = start_context(multiprocessing_context, workers)
+        if isinstance(options.get("worker_options"), Mapping):  # the loader's own copy
+            options["worker_options"] = dict(options["worker_options"])
+        own = Options(**options)  # checked now, so that a bad value fails here
+        own.kind.refuse_start_method(multiprocessing_context)
+        own.kind.require()
+        drawn = sampling(
+            dataset, iterable=iterable, datapipe=datapipe, batch_size=batch_size,
+            shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            drop_last=drop_last, generator=generator,
+        )  # fmt: skip
+        if collate_fn is None:
+            automatic = drawn.batch_sampler is not None
+            collate_fn = _collate.default_collate if automatic else _collate.default_convert
+        return cls(
+            dataset, collate_fn, worker_init_fn, drawn.sampler, drawn.batch_sampler,
+            iterable, drawn.batch_size, drawn.drop_last, generator,
+            workers * own.threads_per_worker, prefetch, timeout, in_order,
+            persistent_workers, pin_memory, pin_memory_device, context, own, tuner,
+        )  # fmt: skip
+
+    def following(self, name: str, value: Any) -> LoaderConfig:
+        """This config after the user set the loader's public attribute ``name`` to
+        ``value`` (torch lets some change after ``__init__``); itself if ``name`` is
+        none of its own."""
+        options = self.options
+        if name in _FOLLOWED:
+            return dataclasses.replace(self, **{name: value})
+        if name == "num_workers":
+            return dataclasses.replace(self, num_workers=value * options.threads_per_worker)
+        if name == "prefetch_factor":
+            return dataclasses.replace(self, prefetch_factor=value)
+        if name in Options.__dataclass_fields__:
+            changed = dataclasses.replace(options, **{name: value})
+            workers = self.num_workers // options.threads_per_worker
+            cores = workers * changed.threads_per_worker
+            return dataclasses.replace(self, options=changed, num_workers=cores)
+        return self
+
+    @property
+    def processes(self) -> int:
+        """The loader's ``num_workers``: worker processes (or threads, actors)."""
+        return self.num_workers // self.options.threads_per_worker
+
+    @property
+    def prefetch(self) -> int:
+        """Tasks out per worker before run-ahead (0 without workers)."""
+        return self.prefetch_factor or 0
+
+    @property
+    def start_method(self) -> StartMethod:
+        """How worker processes start: the platform's default is read when asked (at
+        ``iter()``, as torch reads it), so a ``set_start_method()`` after the loader was
+        built is honoured."""
+        return StartMethod.of(self.multiprocessing_context)
+
+    @property
+    def policy(self) -> SupervisionPolicy:
+        return self.options.policy
+
+    @property
+    def kind(self) -> WorkerKind:
+        return self.options.kind
+
+    @property
+    def tensors_in_main(self) -> bool:
+        """Workers leave the batch's tensors to this process (torch is here; _torch.py)."""
+        return self.kind.tensors_in_main and _torch.load() is not None
+
+    @property
+    def state_per_worker(self) -> bool:
+        """Each worker's dataset has a state of its own (an iterable dataset's iterator,
+        a ``Stateful`` dataset's): reported by the workers and saved per worker."""
+        return self.iterable or self.dataset_keeps_state
 
     @property
     def fixed_count(self) -> bool:
         """An iterable dataset's shards, or a dataset's own state, follow the worker count:
         ``num_workers="auto"`` chooses it once and keeps it."""
-        return self.iterable or self.dataset_keeps_state
-
-    @property
-    def kind(self) -> WorkerKind:
-        """The kind of worker ``worker_method`` names (what the rest asks of it)."""
-        return kinds.named(self.worker_method)
+        return self.state_per_worker
 
     @property
     def info_method(self) -> str:
         """What ``get_worker_info().worker_method`` says: "thread" for every worker that
         shares its process with other workers (thread workers, threads_per_worker > 1)."""
-        return kinds.THREAD.name if self.threads_per_worker > 1 else self.worker_method
+        options = self.options
+        return kinds.THREAD.name if options.threads_per_worker > 1 else options.worker_method
 
     @property
     def dataset_keeps_state(self) -> bool:

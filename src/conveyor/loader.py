@@ -9,42 +9,40 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import multiprocessing
 import os
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.context import BaseContext
-from typing import Any, cast
+from typing import Any
 
-from . import _datapipes, _torch
-from . import collate as _collate
-from ._datapipes import is_datapipe, is_iter_datapipe
+from . import _torch
 from ._iter.duplicates import unsharded_ranks
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint, parse
 from ._replaced import AcceleratePrepared
-from ._worker_arguments import too_many_workers, worker_arguments
-from ._workers import kinds
-from ._workers.start_method import StartMethod
+from ._torch_rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options
-from .dataset import is_iterable_dataset
 from .diagnostics.preflight import run_automatic, warn_at_construction
 from .errors import DuplicateDataWarning, PrefetchFactorError
-from .observe.autotune import auto_workers
 from .observe.trace import Tracer, recording
 from .observe.verdict import Verdict, diagnose
 from .records import LoaderStatistics, SkippedSample
-from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
 
 __all__ = ["DataLoader"]
 
 _FROZEN_AFTER_INIT = frozenset(
     {"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"}
 )
+# torch's public attributes that are the config's fields of the same name.
+_TORCH_ATTRIBUTES = (
+    "dataset", "batch_size", "drop_last", "sampler", "batch_sampler", "generator",
+    "collate_fn", "prefetch_factor", "pin_memory", "pin_memory_device", "timeout",
+    "worker_init_fn", "in_order", "persistent_workers",
+)  # fmt: skip
 
 
 _torch_module = _torch.load()
@@ -134,117 +132,35 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         worker_options: Mapping[str, Any] | None = None,
         threads_per_worker: int = 1,
     ) -> None:
-        self._tuner = auto_workers(num_workers, kinds.find(worker_method), threads_per_worker)
-        num_workers = self._tuner.history[0][0] if self._tuner else cast(int, num_workers)
-        prefetch_factor = worker_arguments(
-            num_workers, timeout, prefetch_factor, persistent_workers
-        )
-
-        # A DataPipe shuffles and shards itself (see _datapipes): shuffle goes to its
-        # shufflers, and the loader keeps torch's serialization wrapper around it.
-        self.dataset = _datapipes.wrap(dataset, shuffle) if is_datapipe(dataset) else dataset
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context  # validated by the setter
-        self.in_order = in_order
-        options = Options(  # conveyor's own, checked now so that a bad value fails here
-            max_worker_restarts=max_worker_restarts,
-            on_error=on_error,
-            max_errors=max_errors,
-            stall_warning=stall_warning,
-            on_timeout=on_timeout,
-            preflight=preflight,
-            snapshot_every_n_steps=snapshot_every_n_steps,
-            reseed=reseed,
-            run_ahead=run_ahead,
-            worker_method=worker_method,
-            progress=progress,
-            report=report,
-            # A copy: the loader's own, as torch keeps its arguments (a mapping, else refused).
-            worker_options=dict(worker_options)
-            if isinstance(worker_options, Mapping)
-            else worker_options,
-            threads_per_worker=threads_per_worker,
-        )
-        for name in self.conveyor_options:
-            setattr(self, name, getattr(options, name))
-        kind = kinds.named(worker_method)  # (checked by Options above)
-        kind.refuse_start_method(multiprocessing_context)
-        kind.require()
+        arguments = locals()  # conveyor's own options go on by name: Options' fields
+        config = LoaderConfig.from_torch_args(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+            **{name: arguments[name] for name in self.conveyor_options},
+        )  # fmt: skip
+        self._adopt(config)
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
-        self._preflight_pending = preflight  # checked on the first iteration with workers
-        self._is_iterable = is_iterable_dataset(dataset)
+        self._preflight_pending = config.options.preflight  # on the first iter() with workers
         self._last_iterator: weakref.ref[Any] | None = None
         self._history = LoaderHistory()  # epochs, skipped samples, last statistics
-
-        if self._is_iterable:
-            if shuffle not in {False, None} and not is_iter_datapipe(dataset):
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
-                    f"but got shuffle={shuffle}"
-                )
-            if sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified sampler option, "
-                    f"but got sampler={sampler}"
-                )
-            if batch_sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified batch_sampler "
-                    f"option, but got batch_sampler={batch_sampler}"
-                )
-        else:
-            shuffle = bool(shuffle)
-
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                    "sampler, and drop_last"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None and drop_last:
-            raise ValueError(
-                "batch_size=None option disables auto-batching and is mutually exclusive "
-                "with drop_last"
-            )
-
-        sampler_: Any = sampler
-        if sampler_ is None:
-            if self._is_iterable:
-                sampler_ = InfiniteConstantSampler()
-            elif shuffle:
-                sampler_ = RandomSampler(dataset, generator=generator)
-            else:
-                sampler_ = SequentialSampler(dataset)
-        if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler_, batch_size, drop_last)
-
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.sampler = sampler_
-        self.batch_sampler = batch_sampler
-        self.generator = generator
-        if collate_fn is None:
-            collate_fn = (
-                _collate.default_collate if self._auto_collation else _collate.default_convert
-            )
-        self.collate_fn = collate_fn
-        self.persistent_workers = persistent_workers
         self._iterator: MultiprocessIterator | None = None
+        self._config = config
         self._initialized = True
-        self._config = self._build_config()
         self.check_worker_number_rationality()
-        warn_at_construction(self._config)  # what thread workers cannot keep: said now
+        warn_at_construction(config)  # what thread workers cannot keep: said now
+
+    def _adopt(self, config: LoaderConfig) -> None:
+        """torch's public attributes, and conveyor's options, as ``config`` has them."""
+        for name in _TORCH_ATTRIBUTES:
+            setattr(self, name, getattr(config, name))
+        self.num_workers = config.processes
+        self._multiprocessing_context = config.multiprocessing_context
+        for name in self.conveyor_options:
+            setattr(self, name, getattr(config.options, name))
 
     # --- torch's attribute rules -------------------------------------------
 
@@ -257,41 +173,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if self._initialized and not name.startswith("_"):
             # torch lets some arguments change after __init__ (num_workers,
             # collate_fn, timeout...): the config follows them.
-            super().__setattr__("_config", self._build_config())
-
-    def _build_config(self) -> LoaderConfig:
-        options = Options(**{name: getattr(self, name) for name in self.conveyor_options})
-        return LoaderConfig(
-            dataset=self.dataset,
-            collate_fn=self.collate_fn,
-            worker_init_fn=self.worker_init_fn,
-            sampler=self.sampler,
-            batch_sampler=self.batch_sampler,
-            iterable=self._is_iterable,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            generator=self.generator,
-            # Each worker process's cores in threads are workers to the loop.
-            num_workers=self.num_workers * options.threads_per_worker,
-            prefetch_factor=self.prefetch_factor or 0,
-            timeout=self.timeout,
-            in_order=self.in_order,
-            persistent_workers=self.persistent_workers,
-            pin_memory=self.pin_memory,
-            pin_memory_device=self.pin_memory_device,
-            start_method=StartMethod.of(self._multiprocessing_context),
-            policy=options.policy(),
-            preflight=options.preflight,
-            reseed=options.reseed,
-            snapshot_every_n_steps=options.snapshot_every_n_steps or 0,
-            run_ahead=options.run_ahead,
-            worker_method=options.worker_method,
-            worker_options=options.worker_options,
-            progress=options.progress,
-            report=options.report,
-            tuner=self._tuner,
-            threads_per_worker=options.threads_per_worker,
-        )
+            config = self._config.following(name, getattr(self, name))
+            super().__setattr__("_config", config)
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
@@ -299,27 +182,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, value: str | BaseContext | None) -> None:
-        if value is not None:
-            if self.num_workers == 0:
-                raise ValueError(
-                    "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}"
-                )
-            if isinstance(value, str):
-                methods = multiprocessing.get_all_start_methods()
-                if value not in methods:
-                    raise ValueError(
-                        "multiprocessing_context option should specify a valid start method "
-                        f"in {methods!r}, but got multiprocessing_context={value!r}"
-                    )
-                value = multiprocessing.get_context(value)
-            if not isinstance(value, BaseContext):
-                raise TypeError(
-                    "multiprocessing_context option should be a valid context object or a "
-                    "string specifying the start method, but got "
-                    f"multiprocessing_context={value}"
-                )
-        self._multiprocessing_context = value
+        self._multiprocessing_context = start_context(value, self.num_workers)
 
     @property
     def _auto_collation(self) -> bool:
@@ -340,10 +203,6 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     def _new_iterator(self) -> InlineIterator | MultiprocessIterator:
         iterator: InlineIterator | MultiprocessIterator
         config = self._config
-        if self._multiprocessing_context is None:
-            # The platform's default is read when iterating, as torch reads it, so a
-            # set_start_method() after building the loader is honoured.
-            config = dataclasses.replace(config, start_method=StartMethod.of(None))
         # Ray workers get the objects pickled when their pool starts, which names what does
         # not pickle (as spawn's pre-flight would); thread workers get checked for what
         # threads must not share (diagnostics/thread_hazards.py).
@@ -408,7 +267,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if state_dict == {}:
             return  # torchdata: an empty state changes nothing
         self._pending_state = parse(
-            state_dict, dataset_len=self._dataset_len(), iterable=self._is_iterable
+            state_dict, dataset_len=self._dataset_len(), iterable=self._config.iterable
         )
         primed, self._primed = self._primed, None
         if primed is not None:
@@ -418,7 +277,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             self._iterator = None
 
     def _dataset_len(self) -> int | None:
-        if self._is_iterable:
+        if self._config.iterable:
             return None
         try:
             return len(self.dataset)
@@ -471,7 +330,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         return self._history.iterable_len
 
     def __len__(self) -> int:
-        if self._is_iterable:
+        if self._config.iterable:
             length = self._history.iterable_len = len(self.dataset)
             if self.batch_size is not None:
                 if self.drop_last:

@@ -17,7 +17,6 @@ import pickle
 import warnings
 from collections.abc import Callable
 
-from .. import _torch
 from .._dataset_state import WorkerState
 from .._workers.core import WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
@@ -48,7 +47,7 @@ class EpochStart:
         records (skipped samples, the epoch count)."""
         self.config = config
         if resume is not None:
-            per_worker = config.iterable or config.dataset_keeps_state
+            per_worker = config.state_per_worker
             resume.check_workers(num_workers, per_worker=per_worker, why=per_worker_why(config))
             if config.iterable:
                 _check_same_ranks(resume, config)
@@ -214,32 +213,23 @@ class EpochStart:
         after a finished epoch too: they then begin a new epoch, as they would have in
         the run the state was taken in)."""
         config, resume = self.config, self.resume
-        per_worker = config.iterable or config.dataset_keeps_state
+        per_worker = config.state_per_worker
         restored: list[bytes | None] | None = None
         # After a finished epoch, new workers start from the dataset as it is.
         keeps = not self.finished or config.persistent_workers
         if per_worker and keeps and resume is not None and resume.workers:
             restored = [_pickled(s) if s.holds_state or s.ended else None for s in resume.workers]
         return [
-            WorkerSpec(
-                worker_id=i,
-                num_workers=config.num_workers,
-                base_seed=self.base_seed,
-                iterable=config.iterable,
-                auto_collation=config.auto_collation,
-                drop_last=config.drop_last,
-                max_slots=config.prefetch_factor + SLOTS_BEYOND_PREFETCH,
-                skip_errors=config.policy.skipping,
-                # Worker processes leave tensors to this process (see _torch.py).
-                tensors_in_main=config.kind.tensors_in_main and _torch.load() is not None,
-                reseed=config.reseed,
-                report_state=per_worker,
+            WorkerSpec.for_worker(
+                config,
+                i,
+                self.base_seed,
+                max_slots=config.prefetch + SLOTS_BEYOND_PREFETCH,
                 resume_state=restored[i] if restored is not None else None,
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=self.finished and restored is not None,
                 pipe_seed=pipe_seed,
                 run_ahead_bytes=run_ahead_bytes,
-                worker_method=config.info_method,
             )
             for i in range(config.num_workers)
         ]

@@ -150,16 +150,18 @@ class InlineIterator:
                     raise StopIteration
 
     def _run(self, index: Any) -> Any:
-        if self._config.reseed == "worker":
+        if self._config.options.reseed == "worker":
             return self._runner.run(index)
         cursor = self._cursor
         reseed = Reseed(
-            self._config.reseed,
+            self._config.options.reseed,
             self._base_seed,
             self._epoch,
             cursor.drawn - 1,
             cursor.samples_before(cursor.drawn - 1),
-            places=cursor.places(cursor.drawn - 1) if self._config.reseed == "sample" else (),
+            places=cursor.places(cursor.drawn - 1)
+            if self._config.options.reseed == "sample"
+            else (),
         )
         with kept_global_rngs():
             return self._runner.run(index, reseed=reseed)

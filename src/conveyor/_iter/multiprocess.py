@@ -68,12 +68,12 @@ class MultiprocessIterator:
         self._pin_ahead = PinAhead(pin, setup) if pin is not None else None
         self.closed = False
         # Workers whose dataset keeps a state (or whose iterator does) report it.
-        self._per_worker = config.iterable or config.dataset_keeps_state
-        self._want_state = self._per_worker and config.snapshot_every_n_steps > 0
+        self._per_worker = config.state_per_worker
+        self._want_state = self._per_worker and config.options.snapshot_every > 0
         start = EpochStart(config, history, resume, num_workers=config.num_workers)
         self._cursor = start.cursor
         self._consecutive = consecutive_batches(config.index_sampler)
-        self._reseed_places = config.reseed == "sample" and self._cursor.share is not None
+        self._reseed_places = config.options.reseed == "sample" and self._cursor.share is not None
         # A DataPipe draws shared seeds around the base seed, where torch draws them: the
         # workers start with the first; the second only reseeds the main process's copy.
         pipes = self._pipe_seeds = SharedSeeds() if is_iter_datapipe(config.dataset) else None
@@ -82,9 +82,9 @@ class MultiprocessIterator:
         if self._pipe_seeds is not None:
             self._pipe_seeds.draw(config.generator, config.dataset)
         now = time.monotonic()
-        run_ahead = run_ahead_bytes(config.num_workers) if config.run_ahead else 0
+        run_ahead = run_ahead_bytes(config.num_workers) if config.options.run_ahead else 0
         self._book = TaskBook(
-            num_workers=config.num_workers, prefetch=config.prefetch_factor,
+            num_workers=config.num_workers, prefetch=config.prefetch,
             in_order=config.in_order, iterable=config.iterable,
             auto_collation=config.auto_collation, policy=config.policy,
             skipped=history.skipped, run_ahead_bytes=run_ahead, now=now,

@@ -75,7 +75,7 @@ class Progress:
             self.unreported = set(range(self.num_workers))
         if self.last_worker < 0:
             self.last_worker = self.num_workers - 1  # torchdata's: worker 0 goes first
-        self._every = self.config.snapshot_every_n_steps
+        self._every = self.config.options.snapshot_every
 
     # --- what the iterators tell -------------------------------------------------------
 
@@ -212,7 +212,7 @@ class Progress:
                 global_after=self.cursor.streams.capture_global() if self.finished else None,
                 dataset_len=_length(self.config),
                 iterable_len=self.history.iterable_len,
-                reseed=self.config.reseed,
+                reseed=self.config.options.reseed,
                 ranks=self.cursor.ranks_part(snap.prefix, snap.beyond),
                 world=process_group(),
             )

@@ -44,6 +44,7 @@ from .._protocol import (
     WorkerMessage,
 )
 from .._reseed import Reseed
+from .._supervision import SupervisionPolicy
 from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
 from .._thread_draws import route_module_draws
 from ..collate import Registrations, default_collate, default_convert
@@ -62,6 +63,34 @@ class UserObjects:
     # The collate registries as the main process had them at iter() (None: defaults
     # only): a worker process that does not run __main__ gets them from here (loop.py).
     collate_registrations: Registrations | None = None
+
+
+class _Reseeding(Protocol):
+    @property
+    def reseed(self) -> str: ...
+
+
+class SpecSource(Protocol):
+    """What a worker's spec is made from (a loader's config.LoaderConfig)."""
+
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def iterable(self) -> bool: ...
+    @property
+    def auto_collation(self) -> bool: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def policy(self) -> SupervisionPolicy: ...
+    @property
+    def tensors_in_main(self) -> bool: ...
+    @property
+    def state_per_worker(self) -> bool: ...
+    @property
+    def info_method(self) -> str: ...
+    @property
+    def options(self) -> _Reseeding: ...
 
 
 @dataclass(frozen=True)
@@ -84,6 +113,27 @@ class WorkerSpec:
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
     run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
     worker_method: str = "multiprocessing"  # what get_worker_info() says
+
+    @classmethod
+    def for_worker(
+        cls, config: SpecSource, worker_id: int, base_seed: int, **start: Any
+    ) -> WorkerSpec:
+        """Worker ``worker_id``'s spec under a loader's ``config``, drawn ``base_seed``;
+        ``start``: where it starts from (a saved state, a DataPipe's seed...)."""
+        return cls(
+            worker_id=worker_id,
+            num_workers=config.num_workers,
+            base_seed=base_seed,
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            drop_last=config.drop_last,
+            skip_errors=config.policy.skipping,
+            tensors_in_main=config.tensors_in_main,
+            reseed=config.options.reseed,
+            report_state=config.state_per_worker,
+            worker_method=config.info_method,
+            **start,
+        )
 
 
 def own_objects(user: UserObjects) -> UserObjects:

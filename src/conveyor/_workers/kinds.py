@@ -37,17 +37,24 @@ __all__ = [
 ]
 
 
+class KindOptions(Protocol):
+    """What making a kind's pool reads of conveyor's own options (config.Options)."""
+
+    @property
+    def worker_options(self) -> Mapping[str, Any] | None: ...
+    @property
+    def threads_per_worker(self) -> int: ...
+
+
 class KindConfig(Protocol):
-    """What making a kind's pool reads of a loader's config."""
+    """What making a kind's pool reads of a loader's config (config.LoaderConfig)."""
 
     @property
     def start_method(self) -> StartMethod: ...
     @property
     def timeout(self) -> float: ...
     @property
-    def worker_options(self) -> Mapping[str, Any] | None: ...
-    @property
-    def threads_per_worker(self) -> int: ...
+    def options(self) -> KindOptions: ...
 
 
 def _always() -> None:
@@ -128,7 +135,7 @@ def _processes(config: KindConfig) -> PoolFactory:
     return functools.partial(
         WorkerPool,
         start_method=config.start_method,
-        threads_per_worker=config.threads_per_worker,
+        threads_per_worker=config.options.threads_per_worker,
     )
 
 
@@ -139,7 +146,7 @@ def _threads(config: KindConfig) -> PoolFactory:
 def _ray(config: KindConfig) -> PoolFactory:
     from .ray_pool import RayPool  # Ray itself is imported when the pool starts
 
-    return functools.partial(RayPool, options=config.worker_options)
+    return functools.partial(RayPool, options=config.options.worker_options)
 
 
 MULTIPROCESSING = WorkerKind(

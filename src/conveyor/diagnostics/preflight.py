@@ -190,8 +190,8 @@ def warn_at_construction(config: LoaderConfig, stacklevel: int = 3) -> None:
     """Warn, as the loader is built, of what draws from torch's global generator when its
     workers are threads (or processes of several threads); ``stacklevel``: how deep the
     user's ``DataLoader(...)`` line is."""
-    threads = config.kind.in_this_process or config.threads_per_worker > 1
-    if not (config.preflight and config.num_workers > 0 and threads):
+    threads = config.kind.in_this_process or config.options.threads_per_worker > 1
+    if not (config.options.preflight and config.num_workers > 0 and threads):
         return
     walk = Walk(_from_config(config, None, None).roots, pickled=False)
     for finding in torch_draw_findings(walk):
@@ -241,7 +241,11 @@ def _from_config(
     """What to check for a loader: its settings, where ``check()``'s arguments do not
     override them (``num_workers=None`` keeps the loader's, or all usable CPUs for 0)."""
     # The loader's num_workers counts cores; the argument, as DataLoader's, processes.
-    workers = config.num_workers if num_workers is None else num_workers * config.threads_per_worker
+    workers = (
+        config.num_workers
+        if num_workers is None
+        else num_workers * config.options.threads_per_worker
+    )
     return _Target(
         roots=(
             ("dataset", config.dataset),
@@ -256,7 +260,7 @@ def _from_config(
         collate_fn=config.collate_fn,
         iterable=config.iterable,
         kind=config.kind,
-        threads_per_worker=config.threads_per_worker,
+        threads_per_worker=config.options.threads_per_worker,
     )
 
 

@@ -28,14 +28,14 @@ class Watch:
     def of(config: LoaderConfig) -> Watch | None:
         """The epoch's watch, or None when nothing was asked for (the common case: the
         loops then do nothing more per batch)."""
-        report = config.report or os.environ.get(REPORT_ENV, "") not in ("", "0")
-        if not (config.progress or report):
+        report = config.options.report or os.environ.get(REPORT_ENV, "") not in ("", "0")
+        if not (config.options.progress or report):
             return None
         try:
             total: int | None = len(config.index_sampler)
         except TypeError:
             total = None
-        return Watch(config.progress, report, total)
+        return Watch(config.options.progress, report, total)
 
     def batch(self, statistics: Callable[[], LoaderStatistics]) -> None:
         if self._line is not None:
