@@ -23,7 +23,8 @@ from typing import Any
 from conveyor._protocol import Died, Ready, SeedPipe, Stage, StartupFailed, Task, WorkerStatus
 from conveyor._transport.codec import InlinePayload, dumps
 from conveyor._workers.api import Abilities, PoolEvent, Received
-from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
+from conveyor._workers.core import STOP, WorkerCore
+from conveyor._workers.spec import UserObjects, WorkerSpec
 from conveyor._workers.status import MemoryStatus
 
 IDLE = WorkerStatus(-1, -1, None, -1, 0.0)

@@ -18,7 +18,8 @@ import pytest
 
 import conveyor
 from conveyor._protocol import BatchDone, Ready, Stop, Task
-from conveyor._workers.core import STOP, UserObjects, WorkerCore, WorkerSpec
+from conveyor._workers.core import STOP, WorkerCore
+from conveyor._workers.spec import UserObjects, WorkerSpec
 from conveyor._workers.status import MemoryStatus
 from conveyor.collate import default_collate
 

@@ -14,7 +14,7 @@ import dataclasses
 import time
 
 from .._workers.api import Pool
-from .._workers.core import WorkerSpec
+from .._workers.spec import WorkerSpec
 from ..diagnostics.environment import available_memory
 from ..observe import failsafe
 from ..observe.autotune import Autotuner

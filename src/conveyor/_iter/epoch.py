@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 
 from .._dataset_state import WorkerState
-from .._workers.core import WorkerSpec
+from .._workers.spec import WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
 from ..distributed import process_group
 from ..errors import StateError

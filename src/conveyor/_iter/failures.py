@@ -14,6 +14,7 @@ from typing import Any
 from .._protocol import Stage, StartupFailed, TaskFailed
 from .._rebuild import rebuild
 from ..errors import (
+    Culprit,
     WorkerContext,
     WorkerStartupError,
     add_note,
@@ -45,6 +46,28 @@ def task_failed(
         culprit=reply.culprit,
     )
     return attach_worker_context(rebuild(reply.error), context)
+
+
+def raised_here(
+    error: BaseException,
+    stage: Stage,
+    indices: tuple[Any, ...],
+    epoch: int,
+    seq: int,
+    culprit: Culprit | None,
+) -> BaseException:
+    """The exception user code raised in the training thread (``num_workers=0``), itself,
+    with the note a worker's would have, less the worker."""
+    context = WorkerContext(
+        worker_id=None,
+        pid=None,
+        stage=stage.value,
+        indices=indices,
+        epoch=epoch,
+        seq=seq,
+        culprit=culprit,
+    )
+    return attach_worker_context(error, context)
 
 
 def undecodable(

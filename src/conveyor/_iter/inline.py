@@ -1,4 +1,12 @@
-"""``num_workers=0``: run each task in the calling process."""
+"""``num_workers=0``: the training thread runs each task itself, with a worker's core.
+
+A shell around :class:`~conveyor._workers.core.WorkerCore` (``in_training_thread``): the
+core reseeds, fetches, leaves failing samples out and collates as it does in every kind
+of worker. The shell draws the sampler's positions (each a task, made as the task book
+makes its tasks: ``Entry.task()``), keeps the training loop's own random streams around a
+reseed, records what was left out against the skip budget as the book does, and raises
+the user's exception as it was raised, with the note a worker's would have.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +15,25 @@ from typing import Any
 
 from .._datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
 from .._datapipes import shard as shard_pipe
-from .._fetch import batch_indices
-from .._reseed import Reseed, kept_global_rngs
-from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from .._reseed import kept_global_rngs
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft
+from .._workers.core import WorkerCore
+from .._workers.spec import UserObjects, WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
-from ..errors import Culprit, WorkerContext, add_note, attach_worker_context
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
+from . import failures
 from .batches import batch_size_of
 from .cursor import END
 from .epoch import EpochStart, warn_past_length
+from .ledger import BATCH, ITERABLE, SINGLE, Entry
 from .pinning import pin_batch, pinning_enabled
 from .progress import Progress
-from .skips import SkipLedger, type_path
+from .skips import SkipLedger, notes_here
 from .state import ResumePoint
 from .tally import Tally
+
+_NO_WORKER = -1  # the training thread, as the worker its tasks are for
 
 
 class InlineIterator:
@@ -35,7 +47,7 @@ class InlineIterator:
         self._cursor = cursor = start.cursor
         if is_iter_datapipe(config.dataset):  # where torch draws its shared seed
             SharedSeeds().draw(config.generator, config.dataset)
-        self._base_seed = base_seed = start.draw_base_seed(in_process=True)
+        base_seed = start.draw_base_seed(in_process=True)
         if is_datapipe(config.dataset):
             shard_pipe(config.dataset)  # over the ranks
         self._handed_out_before = start.position(0).handed_out_before
@@ -47,27 +59,17 @@ class InlineIterator:
         self._skips = SkipLedger(history.skipped, config.policy)
         self._skips.start_epoch(self._epoch, config.epoch_samples())
         worker_state = mid.workers[0] if mid is not None and mid.num_workers == 0 else None
-        self._runner = TaskRunner(
-            config.dataset,
-            iterable=config.iterable,
-            auto_collation=config.auto_collation,
-            collate_fn=config.collate_fn,
-            drop_last=config.drop_last,
-            skip_errors=config.policy.skipping,
-            resume=worker_state,
-        )
-        fetcher_error = getattr(self._runner.fetcher, "init_error", None)
-        if fetcher_error is not None:
-            raise fetcher_error  # iter(dataset) raised: at iter(), as torch raises it
+        spec = WorkerSpec.for_worker(config, _NO_WORKER, base_seed)
+        user = UserObjects(config.dataset, config.collate_fn, None)
+        self._core = WorkerCore.in_training_thread(spec, user, worker_state)
+        self._runner = runner = self._core.runner
+        assert runner is not None
+        shape = ITERABLE if config.iterable else BATCH if config.auto_collation else SINGLE
+        self._shape = shape
         self.progress = Progress(
-            config=config,
-            history=history,
-            cursor=cursor,
-            num_workers=0,
-            base_seed=base_seed,
-            epoch=self._epoch,
-            inline_state=self._runner.state,
-        )
+            config=config, history=history, cursor=cursor, num_workers=0,
+            base_seed=base_seed, epoch=self._epoch, inline_state=runner.state,
+        )  # fmt: skip
         start.skip_handed_out()
         self.progress.start_from(mid)
         if mid is not None:  # batches handed out before, fetched again: count them
@@ -99,6 +101,7 @@ class InlineIterator:
         self.progress.handed_out(self._cursor.drawn - 1, -1, None)
         # Without workers the loop waits for the whole fetch and collate.
         fetched = time.monotonic()
+        assert self._runner is not None
         self._tally.in_process(began, self._runner.fetch_s, self._runner.collate_s)
         if self._pin:
             batch = pin_batch(batch)
@@ -135,58 +138,43 @@ class InlineIterator:
                 raise StopIteration
             if seq in self._handed_out_before:
                 continue  # handed out before the state was taken (in_order=False)
-            outcome = self._run(index)
+            entry = self._entry(seq, index)
+            outcome = self._run(entry)
             match outcome:
                 case Collated(batch=batch, left_out=left_out):
-                    self._skip(left_out, seq, index)
+                    self._skip(left_out, entry)
                     return batch
                 case NothingLeft(left_out=left_out):
-                    self._skip(left_out, seq, index)
+                    self._skip(left_out, entry)
                     self.progress.handed_out(self._cursor.drawn - 1, -1, None, empty=True)
                 case Failed(stage=stage, error=error, culprit=culprit):
-                    # The user's own exception, with the note a worker's would have.
-                    raise self._noted(error, stage.value, seq, index, culprit)
+                    raise failures.raised_here(
+                        error, stage, entry.indices, self._epoch, seq, culprit
+                    )
                 case Exhausted():
                     raise StopIteration
 
-    def _run(self, index: Any) -> Any:
+    def _entry(self, seq: int, index: Any) -> Entry:
+        """Output ``seq`` of the sampler as a task; where its samples sit in the epoch
+        only matters to a reseed (and costs a look-up)."""
+        entry = Entry(self._epoch, seq, _NO_WORKER, index, self._shape, 0.0)
+        reseed = self._config.options.reseed
+        if reseed != "worker":
+            entry.first_sample = self._cursor.samples_before(seq)
+            if reseed == "sample":
+                entry.places = self._cursor.places(seq)
+        return entry
+
+    def _run(self, entry: Entry) -> Any:
         if self._config.options.reseed == "worker":
-            return self._runner.run(index)
-        cursor = self._cursor
-        reseed = Reseed(
-            self._config.options.reseed,
-            self._base_seed,
-            self._epoch,
-            cursor.drawn - 1,
-            cursor.samples_before(cursor.drawn - 1),
-            places=cursor.places(cursor.drawn - 1)
-            if self._config.options.reseed == "sample"
-            else (),
-        )
+            return self._core.run_here(entry.task())
+        # The training loop's own draws go on as if no task had reseeded anything.
         with kept_global_rngs():
-            return self._runner.run(index, reseed=reseed)
+            return self._core.run_here(entry.task())
 
-    def _skip(self, left_out: tuple[LeftOut, ...], seq: int, index: Any) -> None:
-        for item in left_out:
-            error = item.error
-            self._skips.record(item.index, None, item.stage.value, type_path(error), str(error))
-            if self._skips.over_budget():
-                noted = self._noted(error, item.stage.value, seq, index, Culprit((item.index,)))
-                raise add_note(noted, self._skips.budget_note())
-
-    def _noted(
-        self, error: BaseException, stage: str, seq: int, index: Any, culprit: Culprit | None
-    ) -> BaseException:
-        """``error`` with a note saying where it happened: the batch, the sample."""
-        config = self._config
-        indices = () if config.iterable else tuple(batch_indices(index, config.auto_collation))
-        context = WorkerContext(
-            worker_id=None,
-            pid=None,
-            stage=stage,
-            indices=indices,
-            epoch=self._epoch,
-            seq=seq,
-            culprit=culprit,
-        )
-        return attach_worker_context(error, context)
+    def _skip(self, left_out: tuple[LeftOut, ...], entry: Entry) -> None:
+        if not left_out:
+            return
+        spent = self._skips.record_notes(notes_here(left_out), entry.seq, entry.indices)
+        if spent is not None:
+            raise spent

@@ -24,7 +24,7 @@ from .._dataset_state import WorkerState
 from .._protocol import BatchDone, Died, IterationEnded, Ready, SeedPipe, StartupFailed, TaskFailed
 from .._transport.arena import run_ahead_bytes
 from .._workers.api import BatchHandle, PoolFactory, Received
-from .._workers.core import UserObjects
+from .._workers.spec import UserObjects
 from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._protocol import RemoteError, SampleFailed
 from .._rebuild import rebuild
@@ -12,6 +13,9 @@ from .._supervision import SupervisionPolicy
 from ..errors import Culprit, WorkerContext, WorkerCrashedError, add_note, attach_worker_context
 from ..records import SkippedSample
 from . import messages
+
+if TYPE_CHECKING:
+    from .._task import LeftOut
 
 log = logging.getLogger("conveyor")
 CRASH_TYPE = "conveyor.errors.WorkerCrashedError"  # what a sample left out for a crash raised
@@ -22,11 +26,12 @@ class LeftOutNote:
     """A sample left out of a task's batch, recorded when the batch is handed out."""
 
     index: Any
-    worker_id: int
+    worker_id: int | None  # None: the training thread (num_workers=0)
     stage: str
     exception_type: str
     message: str
     remote: RemoteError | None = None  # the worker's exception (None: a crash)
+    raised: BaseException | None = None  # the exception itself, raised in this thread
 
 
 def notes_of(worker_id: int, skipped: tuple[SampleFailed, ...]) -> list[LeftOutNote]:
@@ -42,6 +47,15 @@ def notes_of(worker_id: int, skipped: tuple[SampleFailed, ...]) -> list[LeftOutN
         )
         for s in skipped
     ]
+
+
+def notes_here(left_out: Iterable[LeftOut]) -> list[LeftOutNote]:
+    """What the training thread left out of a batch (``num_workers=0``)."""
+    return [
+        LeftOutNote(item.index, None, item.stage.value, type_path(item.error),
+                    str(item.error), raised=item.error)
+        for item in left_out
+    ]  # fmt: skip
 
 
 def crash_notes(
@@ -139,7 +153,8 @@ def budget_error(
 ) -> BaseException:
     """The left-out sample that spent the skip budget (of the batch at ``seq``, with
     dataset ``indices``): its own exception, or the crash it caused."""
-    if note.remote is None:
+    remote = note.remote
+    if remote is None and note.raised is None:
         return WorkerCrashedError(
             messages.crash_over_budget(note.index, note.message, budget_note),
             worker_id=note.worker_id,
@@ -147,15 +162,17 @@ def budget_error(
         )
     context = WorkerContext(
         worker_id=note.worker_id,
-        pid=-1,
+        pid=None if note.worker_id is None else -1,
         stage=note.stage,
         indices=indices,
-        traceback=note.remote.traceback,
+        traceback=remote.traceback if remote is not None else "",
         epoch=epoch,
         seq=seq,
         culprit=Culprit((note.index,)),
     )
-    return add_note(attach_worker_context(rebuild(note.remote), context), budget_note)
+    error = note.raised if remote is None else rebuild(remote)
+    assert error is not None
+    return add_note(attach_worker_context(error, context), budget_note)
 
 
 def type_path(exc: BaseException) -> str:

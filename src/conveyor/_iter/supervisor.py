@@ -17,7 +17,7 @@ from dataclasses import replace
 from .._compat import assert_never
 from .._protocol import Busy, Died, Task
 from .._workers.api import Pool
-from .._workers.core import WorkerSpec
+from .._workers.spec import WorkerSpec
 from ..config import LoaderConfig
 from ..errors import WorkerRestartedWarning, WorkerStallWarning
 from ..records import LoaderStatistics

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._protocol import Died, SeedPipe, Task, WorkerMessage, WorkerStatus
-from .core import UserObjects, WorkerSpec
+from .spec import UserObjects, WorkerSpec
 
 __all__ = [
     "Abandoner",

@@ -15,18 +15,16 @@ sent back as a value; the main process decides what to do.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
 import pickle
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import _datapipes, _scope, _torch
 from .._compat import assert_never
+from .._dataset_state import WorkerState
 from .._protocol import (
     BatchDone,
     IterationEnded,
@@ -44,109 +42,16 @@ from .._protocol import (
     WorkerMessage,
 )
 from .._reseed import Reseed
-from .._supervision import SupervisionPolicy
-from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskRunner
+from .._scope import GLOBAL_GENERATORS
+from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskOutcome, TaskRunner
 from .._thread_draws import route_module_draws
-from ..collate import Registrations, default_collate, default_convert
+from ..collate import default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, install_in_torch
 from .remote_error import capture
+from .spec import UserObjects, WorkerSpec
 
-
-@dataclass(frozen=True)
-class UserObjects:
-    """What the user gave us that runs in the worker."""
-
-    dataset: Any
-    collate_fn: Callable[[Any], Any]
-    worker_init_fn: Callable[[int], Any] | None
-    # The collate registries as the main process had them at iter() (None: defaults
-    # only): a worker process that does not run __main__ gets them from here (loop.py).
-    collate_registrations: Registrations | None = None
-
-
-class _Reseeding(Protocol):
-    @property
-    def reseed(self) -> str: ...
-
-
-class SpecSource(Protocol):
-    """What a worker's spec is made from (a loader's config.LoaderConfig)."""
-
-    @property
-    def num_workers(self) -> int: ...
-    @property
-    def iterable(self) -> bool: ...
-    @property
-    def auto_collation(self) -> bool: ...
-    @property
-    def drop_last(self) -> bool: ...
-    @property
-    def policy(self) -> SupervisionPolicy: ...
-    @property
-    def tensors_in_main(self) -> bool: ...
-    @property
-    def state_per_worker(self) -> bool: ...
-    @property
-    def info_method(self) -> str: ...
-    @property
-    def options(self) -> _Reseeding: ...
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Who a worker is and how it serves, whatever kind of worker runs it."""
-
-    worker_id: int
-    num_workers: int
-    base_seed: int
-    iterable: bool
-    auto_collation: bool
-    drop_last: bool
-    max_slots: int = 0  # shared-memory transport: slots per worker (prefetch and held)
-    skip_errors: bool = False  # on_error="skip": leave failing samples out
-    tensors_in_main: bool = False  # the main process makes the tensors (see _torch.py)
-    reseed: str = "worker"  # see conveyor._reseed
-    report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
-    resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
-    new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
-    pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
-    run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
-    worker_method: str = "multiprocessing"  # what get_worker_info() says
-
-    @classmethod
-    def for_worker(
-        cls, config: SpecSource, worker_id: int, base_seed: int, **start: Any
-    ) -> WorkerSpec:
-        """Worker ``worker_id``'s spec under a loader's ``config``, drawn ``base_seed``;
-        ``start``: where it starts from (a saved state, a DataPipe's seed...)."""
-        return cls(
-            worker_id=worker_id,
-            num_workers=config.num_workers,
-            base_seed=base_seed,
-            iterable=config.iterable,
-            auto_collation=config.auto_collation,
-            drop_last=config.drop_last,
-            skip_errors=config.policy.skipping,
-            tensors_in_main=config.tensors_in_main,
-            reseed=config.options.reseed,
-            report_state=config.state_per_worker,
-            worker_method=config.info_method,
-            **start,
-        )
-
-
-def own_objects(user: UserObjects) -> UserObjects:
-    """A core's objects when it shares its process with other cores (threads): a dataset
-    of its own, as a process worker has, so what ``worker_init_fn`` or ``__iter__`` sets
-    on it (``dataset.start = ...``, an iterator) is this core's. A shallow copy: the data
-    it holds (lists, arrays, files) is shared, not copied. A dataset that cannot be
-    copied is shared."""
-    dataset = user.dataset
-    with contextlib.suppress(Exception):
-        # A DataPipe graph is sharded per worker in place: each needs the whole graph.
-        dataset = copy.deepcopy(dataset) if _datapipes.is_datapipe(dataset) else copy.copy(dataset)
-    return dataclasses.replace(user, dataset=dataset)
+__all__ = ["STOP", "WorkerCore", "sent"]
 
 
 class Inbox(Protocol):
@@ -217,6 +122,7 @@ class WorkerCore:
         self._owns_process = owns_process
         self.scope = _scope.WorkerScope(owns_globals=owns_process)
         self.runner: TaskRunner | None = None
+        self._in_worker = True  # (False: the training thread's, see in_training_thread)
         # The runner was made for the first epoch, whichever it is (unless restored as
         # an ended epoch left it).
         self._epoch: int | None = -1 if spec.new_epoch_first else None
@@ -332,9 +238,24 @@ class WorkerCore:
                 assert_never(message)
 
     def _task(self, task: Task) -> TaskReply:
+        self.transport.release(task.released)
+        started = time.monotonic()
+        outcome, epoch_state = self._outcome(task)
+        reply = self._reply(task, outcome, started)
+        if task.want_state or epoch_state is not None:
+            state = self._pickled_state() if task.want_state else None
+            reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
+        if self.spec.iterable and self._first_of_epoch and isinstance(reply, BatchDone):
+            self._first_of_epoch = False
+            reply = dataclasses.replace(reply, asked_worker_info=self.scope.consulted)
+        self.status.idle()
+        return reply
+
+    def _outcome(self, task: Task) -> tuple[TaskOutcome, bytes | None]:
+        """Run ``task``: its outcome, and the dataset's state as its epoch began when it
+        is the first of an epoch (and the spec says to report it)."""
         spec, runner = self.spec, self.runner
         assert runner is not None, "start() first"
-        self.transport.release(task.released)
         epoch_state = None
         if task.epoch != self._epoch:
             self._first_of_epoch = True
@@ -347,31 +268,25 @@ class WorkerCore:
         reseed = None
         if spec.reseed != "worker":
             where = (task.epoch, task.seq, task.first_sample)
+            generators = self.scope if self._in_worker else GLOBAL_GENERATORS
             reseed = Reseed(
-                spec.reseed, spec.base_seed, *where, generators=self.scope, places=task.places
+                spec.reseed, spec.base_seed, *where, generators=generators, places=task.places
             )
-        reply = self._run(task, runner, time.monotonic(), reseed)
-        if task.want_state or epoch_state is not None:
-            state = self._pickled_state() if task.want_state else None
-            reply = dataclasses.replace(reply, state=state, epoch_state=epoch_state)
-        if spec.iterable and self._first_of_epoch and isinstance(reply, BatchDone):
-            self._first_of_epoch = False
-            reply = dataclasses.replace(reply, asked_worker_info=self.scope.consulted)
-        self.status.idle()
-        return reply
-
-    def _run(
-        self, task: Task, runner: TaskRunner, started: float, reseed: Reseed | None
-    ) -> TaskReply:
-        transport = self.transport
         outcome = runner.run(
             task.index,
             exclude=task.exclude,
             trace=task.trace,
             watcher=self.status,
-            collating=transport.collating,
+            collating=self.transport.collating,
             reseed=reseed,
         )
+        return outcome, epoch_state
+
+    def _reply(self, task: Task, outcome: TaskOutcome, started: float) -> TaskReply:
+        """The one message that answers ``task``: the batch encoded for the transport,
+        or what failed, as values that cross to the main process."""
+        runner, transport = self.runner, self.transport
+        assert runner is not None
         if isinstance(outcome, Collated):
             self.status.stage(Stage.TRANSFER)
             if transport.arrays_as_tensors and not self.scope.tensors_in_main:
@@ -424,6 +339,38 @@ class WorkerCore:
             case _:
                 assert_never(outcome)
 
+    # --- the training thread (num_workers=0) --------------------------------------------
+
+    @classmethod
+    def in_training_thread(
+        cls, spec: WorkerSpec, user: UserObjects, resume: WorkerState | None
+    ) -> WorkerCore:
+        """A core the training thread runs itself (``num_workers=0``). That thread is no
+        worker: it gets no worker info, no seeding and no ``worker_init_fn``, and tasks
+        run in its own scope (:meth:`run_here`). Only the runner is made, from ``resume``;
+        an iterable dataset whose ``iter()`` raised raises here, at the loader's
+        ``iter()``, as torch raises it."""
+        core = cls(spec, user, _IN_PLACE, _UNWATCHED, owns_process=True)
+        core._in_worker = False
+        core.runner = TaskRunner(
+            user.dataset,
+            iterable=spec.iterable,
+            auto_collation=spec.auto_collation,
+            collate_fn=user.collate_fn,
+            drop_last=spec.drop_last,
+            skip_errors=spec.skip_errors,
+            resume=resume,
+        )
+        init_error = getattr(core.runner.fetcher, "init_error", None)
+        if init_error is not None:
+            raise init_error
+        return core
+
+    def run_here(self, task: Task) -> TaskOutcome:
+        """Run ``task`` in this thread as it is (the training thread's core): its outcome,
+        with the user's exception as it was raised (nothing crosses a process)."""
+        return self._outcome(task)[0]
+
     def _pickled_state(self) -> bytes:
         # Plain pickle, not the pipe's: a tensor in the state travels by value, not as a
         # shared-memory handle that would outlive this worker.
@@ -445,3 +392,44 @@ def _explain_unsendable(batch: Any, exc: Exception, indices: list[Any]) -> Excep
         return exc
     explained.__cause__ = exc
     return explained
+
+
+class _InPlace:
+    """The training thread's transport: collate writes where it likes, nothing is sent."""
+
+    arrays_as_tensors = False
+
+    def collating(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def encode(self, batch: Any) -> Any:
+        raise AssertionError("the training thread's batches are not sent")
+
+    def release(self, released: tuple[int, ...]) -> None:
+        pass
+
+    def trim(self) -> None:
+        pass
+
+
+class _Unwatched:
+    """The training thread's status: nobody reads it."""
+
+    def begin(self, epoch: int, seq: int) -> None:
+        pass
+
+    def stage(self, stage: Stage) -> None:
+        pass
+
+    def position(self, position: int) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+    def stop_requested(self) -> bool:
+        return False
+
+
+_IN_PLACE = _InPlace()
+_UNWATCHED = _Unwatched()

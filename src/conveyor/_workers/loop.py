@@ -30,11 +30,12 @@ from .._transport.inherited import release_foreign_memory
 from ..collate import carry_in
 from ..resources import close_all as close_per_worker_resources
 from . import parent_watch
-from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
+from .core import WorkerCore
 from .fds import InheritedFd
 from .heap import HeapKeeper
 from .inbox import Inbox
 from .remote_error import capture
+from .spec import UserObjects, WorkerSpec, own_objects
 from .status import StatusWriter
 from .wire import send
 

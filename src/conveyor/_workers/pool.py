@@ -37,9 +37,9 @@ from .._protocol import (
 )
 from .._transport.codec import PayloadHandle
 from .api import Abilities, PoolEvent, Received
-from .core import UserObjects, WorkerSpec
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
+from .spec import UserObjects, WorkerSpec
 from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
 from .start import modules_to_preload
 from .start_method import StartMethod

@@ -15,10 +15,10 @@ from multiprocessing.process import BaseProcess
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.codec import Decoder
 from . import parent_watch
-from .core import UserObjects, WorkerSpec
 from .fds import InheritedFd
 from .loop import CoreEnds, worker_main
 from .outbox import Outbox
+from .spec import UserObjects, WorkerSpec
 from .start import start_process
 from .start_method import StartMethod
 from .status import mark_starting

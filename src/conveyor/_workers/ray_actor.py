@@ -19,9 +19,10 @@ import numpy as np
 
 from .._protocol import MainMessage, Ready, Stage, StartupFailed
 from .._transport.object_store import ObjectStoreEncoder
-from .core import WorkerCore, WorkerSpec
+from .core import WorkerCore
 from .ray_cluster import TraceBoard
 from .remote_error import capture
+from .spec import WorkerSpec
 
 __all__ = ["ConveyorWorker"]
 

@@ -52,9 +52,9 @@ from .._transport.object_store import ObjectStoreBatch, StorePayload
 from ..errors import ClusterCapacityWarning, ClusterLostError
 from . import ray_cluster
 from .api import Abilities, PoolEvent, Received
-from .core import UserObjects, WorkerSpec
 from .ray_actor import ConveyorWorker
 from .remote_error import capture
+from .spec import UserObjects, WorkerSpec
 from .user_objects import serialize_for_cluster
 
 __all__ = ["RayPool"]

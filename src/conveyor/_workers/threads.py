@@ -43,7 +43,8 @@ from .._protocol import (
 )
 from . import thread_exit
 from .api import Abilities, PoolEvent, Received
-from .core import UserObjects, WorkerCore, WorkerSpec, own_objects
+from .core import WorkerCore
+from .spec import UserObjects, WorkerSpec, own_objects
 from .stacks import active_s
 from .status import MemoryStatus
 

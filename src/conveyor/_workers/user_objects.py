@@ -21,8 +21,8 @@ import cloudpickle
 
 from .. import _datapipes
 from .._transport.arena import SETUP_NAME
-from .core import UserObjects
 from .sources import code_reducers
+from .spec import UserObjects
 from .start_method import StartMethod
 
 __all__ = ["PickledWhileSpawning", "serialize_for_cluster", "serialize_once"]

@@ -1,0 +1,113 @@
+"""Who a worker is and what it serves (:class:`WorkerSpec`), and the user's objects it
+runs (:class:`UserObjects`): what every kind of worker is given to start a core."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .. import _datapipes
+from .._supervision import SupervisionPolicy
+from ..collate import Registrations
+
+__all__ = ["SpecSource", "UserObjects", "WorkerSpec", "own_objects"]
+
+
+@dataclass(frozen=True)
+class UserObjects:
+    """What the user gave us that runs in the worker."""
+
+    dataset: Any
+    collate_fn: Callable[[Any], Any]
+    worker_init_fn: Callable[[int], Any] | None
+    # The collate registries as the main process had them at iter() (None: defaults
+    # only): a worker process that does not run __main__ gets them from here (loop.py).
+    collate_registrations: Registrations | None = None
+
+
+class _Reseeding(Protocol):
+    @property
+    def reseed(self) -> str: ...
+
+
+class SpecSource(Protocol):
+    """What a worker's spec is made from (a loader's config.LoaderConfig)."""
+
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def iterable(self) -> bool: ...
+    @property
+    def auto_collation(self) -> bool: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def policy(self) -> SupervisionPolicy: ...
+    @property
+    def tensors_in_main(self) -> bool: ...
+    @property
+    def state_per_worker(self) -> bool: ...
+    @property
+    def info_method(self) -> str: ...
+    @property
+    def options(self) -> _Reseeding: ...
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Who a worker is and how it serves, whatever kind of worker runs it."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    iterable: bool
+    auto_collation: bool
+    drop_last: bool
+    max_slots: int = 0  # shared-memory transport: slots per worker (prefetch and held)
+    skip_errors: bool = False  # on_error="skip": leave failing samples out
+    tensors_in_main: bool = False  # the main process makes the tensors (see _torch.py)
+    reseed: str = "worker"  # see conveyor._reseed
+    report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
+    resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
+    new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
+    pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
+    run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
+    worker_method: str = "multiprocessing"  # what get_worker_info() says
+
+    @classmethod
+    def for_worker(
+        cls, config: SpecSource, worker_id: int, base_seed: int, **start: Any
+    ) -> WorkerSpec:
+        """Worker ``worker_id``'s spec under a loader's ``config``, drawn ``base_seed``;
+        ``start``: where it starts from (a saved state, a DataPipe's seed...)."""
+        return cls(
+            worker_id=worker_id,
+            num_workers=config.num_workers,
+            base_seed=base_seed,
+            iterable=config.iterable,
+            auto_collation=config.auto_collation,
+            drop_last=config.drop_last,
+            skip_errors=config.policy.skipping,
+            tensors_in_main=config.tensors_in_main,
+            reseed=config.options.reseed,
+            report_state=config.state_per_worker,
+            worker_method=config.info_method,
+            **start,
+        )
+
+
+def own_objects(user: UserObjects) -> UserObjects:
+    """A core's objects when it shares its process with other cores (threads): a dataset
+    of its own, as a process worker has, so what ``worker_init_fn`` or ``__iter__`` sets
+    on it (``dataset.start = ...``, an iterator) is this core's. A shallow copy: the data
+    it holds (lists, arrays, files) is shared, not copied. A dataset that cannot be
+    copied is shared."""
+    dataset = user.dataset
+    with contextlib.suppress(Exception):
+        # A DataPipe graph is sharded per worker in place: each needs the whole graph.
+        dataset = copy.deepcopy(dataset) if _datapipes.is_datapipe(dataset) else copy.copy(dataset)
+    return dataclasses.replace(user, dataset=dataset)
