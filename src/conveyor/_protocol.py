@@ -69,13 +69,11 @@ class Task:
     ``index`` is what the sampler produced: a list of dataset indices (automatic
     batching), a single index (``batch_size=None``), or for iterable-style
     datasets the batch sampler's placeholder list (only its length matters).
-    ``released`` lists transport slots the main process no longer uses.
     """
 
     epoch: int
     seq: int
     index: Any
-    released: tuple[int, ...] = ()
     trace: bool = False  # a retry after a crash: record which sample is being fetched
     exclude: tuple[Any, ...] = ()  # dataset indices to leave out (samples that kill workers)
     first_sample: int = 0  # the position of its first sample in the epoch (reseed="sample")
@@ -86,22 +84,6 @@ class Task:
     # Ranks that shard the epoch, reseed="sample": each sample's place in the whole
     # epoch's order, which it is seeded by instead of its position on this rank.
     places: tuple[int, ...] = ()
-
-    def with_released(self, released: tuple[int, ...]) -> Task:
-        """This task carrying ``released``: every other field as it is (copied whole,
-        so a field added later is never dropped; dataclasses.replace costs several
-        µs, and this runs once per batch)."""
-        task = object.__new__(Task)
-        task.__dict__.update(self.__dict__, released=released)
-        return task
-
-
-@dataclass(frozen=True)
-class Release:
-    """Slots the main process no longer uses, when no task is going out to carry them
-    (many at once: the batches of an abandoned epoch, or of a loop that keeps many)."""
-
-    released: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -199,7 +181,7 @@ class StartupFailed:
     error: RemoteError
 
 
-MainMessage = Task | Release | Stop | SeedPipe
+MainMessage = Task | Stop | SeedPipe
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
 TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task
 
@@ -290,3 +272,25 @@ class Busy:
     worker_id: int
     pid: int | None
     status: WorkerStatus
+
+
+# --- how far workers may run ahead (a pool's answer, see _iter/run_ahead.py) ----------
+
+# Batches the training loop may keep alive beyond ``prefetch_factor`` before a worker's
+# batches stop finding room in its memory (process workers: slots) and come another way.
+HELD_BEYOND_PREFETCH = 4
+
+
+@dataclass(frozen=True)
+class RoomAhead:
+    """What a pool tells of a batch it received, for the run-ahead of small, quick
+    batches: ``extra`` tasks beyond ``prefetch_factor`` each worker may take for batches
+    that take ``size`` bytes of its memory; or (``full``) that every piece of that memory
+    was in use, so the batch came another way: ``held_in_worker`` pieces held by arrays
+    the worker keeps, ``held_by_loop`` batches handed out and still alive."""
+
+    size: int = 0
+    extra: int = 0
+    full: bool = False
+    held_in_worker: int = 0
+    held_by_loop: int = 0

@@ -45,19 +45,10 @@ class _PickledTransport:
     def encode(self, batch: Any) -> InlinePayload:
         return InlinePayload(dumps(batch, arrays_as_tensors=self.arrays_as_tensors))
 
-    def release(self, released: tuple[int, ...]) -> None:
-        pass  # no slots
-
-    def trim(self) -> None:
-        pass
-
 
 class _Handle:
     """A received batch: unpickled when the loop opens it."""
 
-    slot_bytes = 0
-    slots_exhausted = False
-    held_in_worker = 0
     nbytes = 0
 
     def __init__(self, pool: FakePool, payload: InlinePayload) -> None:
@@ -69,9 +60,6 @@ class _Handle:
 
     def discard(self) -> None:
         self._pool.discarded += 1
-
-    def batches_alive(self) -> int:
-        return 0  # batches travel inline: no slot is held
 
 
 @dataclass

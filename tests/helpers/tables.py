@@ -85,7 +85,6 @@ def loop(workers: int = 2, prefetch: int = 2, in_order: bool = True, **policy: A
     skipped: list[SkippedSample] = []
     timeout = policy.pop("timeout", 0)
     iterable = policy.pop("iterable", False)
-    run_ahead_bytes = policy.pop("run_ahead_bytes", 0)
     supervision = SupervisionPolicy(**policy)
     b = TaskBook(
         num_workers=workers,
@@ -95,7 +94,6 @@ def loop(workers: int = 2, prefetch: int = 2, in_order: bool = True, **policy: A
         auto_collation=True,
         policy=supervision,
         skipped=skipped,
-        run_ahead_bytes=run_ahead_bytes,
     )
     b.start_epoch(0, 100)
     judge = CrashJudge(b.view, supervision, iterable=iterable)

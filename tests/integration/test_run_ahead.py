@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conveyor import DataLoader
-from conveyor._iter.run_ahead import SLOTS_BEYOND_PREFETCH
+from conveyor._protocol import HELD_BEYOND_PREFETCH
 from conveyor._transport.arena import MIN_SLOT_BYTES, run_ahead, run_ahead_bytes
 from tests.helpers.leaks import no_leaks
 
@@ -56,7 +56,7 @@ def test_small_batches_are_sent_beyond_prefetch_only_with_run_ahead(ahead: bool)
         it = iter(loader)
         assert [next(it).tolist()[0] for _ in range(10)] == list(range(0, 40, 4))
         budget = run_ahead_bytes(2)
-        extra = run_ahead(MIN_SLOT_BYTES, 2 + SLOTS_BEYOND_PREFETCH, budget) if ahead else 0
+        extra = run_ahead(MIN_SLOT_BYTES, 2 + HELD_BEYOND_PREFETCH, budget) if ahead else 0
         # Topped up when a quick batch arrived, then one more per batch handed out.
         assert sampler.drawn == (2 + extra) * 2 + 10
         assert [b.tolist()[0] for b in it] == list(range(40, 4000, 4))

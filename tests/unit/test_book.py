@@ -13,13 +13,22 @@ from conveyor._iter.book import FILED, STALE, TaskBook
 from conveyor._iter.facts import Position
 from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Wait
 from conveyor._iter.tally import Tally
-from conveyor._protocol import BatchDone, IterationEnded, SampleFailed, Stage, TaskFailed
+from conveyor._protocol import (
+    HELD_BEYOND_PREFETCH,
+    BatchDone,
+    IterationEnded,
+    RoomAhead,
+    SampleFailed,
+    Stage,
+    TaskFailed,
+)
+from conveyor._transport.arena import run_ahead
 from conveyor._workers.remote_error import capture
 
 
-def reply(b: TaskBook, seq: int, slot_bytes: int = 0, **kw: object) -> bool:
+def reply(b: TaskBook, seq: int, room: RoomAhead | None = None, **kw: object) -> bool:
     reply = BatchDone(b.epoch, seq, DONE, **kw)  # type: ignore[arg-type]
-    return b.on_reply(b.view.entry(seq).worker_id, reply, slot_bytes=slot_bytes) == FILED
+    return b.on_reply(b.view.entry(seq).worker_id, reply, room=room) == FILED
 
 
 # --- delivery ---------------------------------------------------------------------
@@ -222,6 +231,14 @@ def test_run_ahead_lets_more_tasks_out_round_robin_then_one_per_hand_out() -> No
 MiB = 1 << 20
 
 
+def room(slot: int, prefetch: int = 2, budget: int = 8 * MiB) -> RoomAhead | None:
+    """What the process pool says of a batch that came in a slot of ``slot`` bytes (0:
+    through the pipe), its workers' share of the run-ahead budget being ``budget``."""
+    if not slot:
+        return None
+    return RoomAhead(slot, run_ahead(slot, prefetch + HELD_BEYOND_PREFETCH, budget))
+
+
 @pytest.mark.parametrize(
     ("busy_s", "slot", "run_ahead"),
     [
@@ -232,22 +249,22 @@ MiB = 1 << 20
     ],
 )
 def test_small_quick_batches_run_ahead(busy_s: float, slot: int, run_ahead: int) -> None:
-    b = loop(workers=2, prefetch=2, run_ahead_bytes=8 * MiB).book
+    b = loop(workers=2, prefetch=2).book
     dispatch(b, batches(2))
-    reply(b, 0, slot_bytes=slot, busy_s=busy_s)
+    reply(b, 0, room=room(slot), busy_s=busy_s)
     assert b.ahead.extra == run_ahead
 
 
 def test_the_run_ahead_waits_for_an_abandoned_epochs_replies_and_restarts_each_epoch() -> None:
-    b = loop(workers=2, prefetch=1, run_ahead_bytes=8 * MiB).book
+    b = loop(workers=2, prefetch=1).book
     dispatch(b, batches(2))
     b.start_epoch(1, 100)  # a break: both tasks of epoch 0 still out
     dispatch(b, batches(2))
-    reply(b, 0, slot_bytes=64 << 10, busy_s=0.0005)
+    reply(b, 0, room=room(64 << 10, prefetch=1), busy_s=0.0005)
     assert b.ahead.extra == 0  # not while slots of the last epoch are still to come back
     for worker in (0, 1):
         assert b.on_reply(worker, BatchDone(0, worker, DONE)) == STALE
-    reply(b, 1, slot_bytes=64 << 10, busy_s=0.0005)
+    reply(b, 1, room=room(64 << 10, prefetch=1), busy_s=0.0005)
     assert b.ahead.extra > 0
     b.start_epoch(2, 100)
     assert b.ahead.extra == 0

@@ -38,12 +38,6 @@ class Reference:
     def encode(self, batch: Any) -> Any:
         return batch
 
-    def release(self, released: tuple[int, ...]) -> None:
-        pass
-
-    def trim(self) -> None:
-        pass
-
 
 class Witness:
     """Each sample says which worker fetched it, what it drew from the worker's own

@@ -15,7 +15,6 @@ from conveyor._protocol import (
     BatchDone,
     MainMessage,
     Ready,
-    Release,
     SampleFailed,
     Stage,
     Stop,
@@ -30,8 +29,8 @@ from conveyor.errors import Culprit
 
 SLOT = SlotInfo(3, 4096, 65536)
 MESSAGES = [
-    Task(0, 5, list(range(256)), (1, 2)),
-    Task(2, 7, [np.int64(4), 9], (), trace=True, first_sample=12, want_state=True),
+    Task(0, 5, list(range(256))),
+    Task(2, 7, [np.int64(4), 9], trace=True, first_sample=12, want_state=True),
     Task(1, 1, 17),  # batch_size=None: a single index
     Task(1, 2, ["a", ("b", 3)], exclude=("b",)),  # excluded indices: pickled whole
     BatchDone(0, 5, SlotPayload(SLOT, b"meta", ((0, 8), (64, 16)), (0, 1)), (), 0.25),
@@ -40,9 +39,8 @@ MESSAGES = [
     BatchDone(0, 7, InlinePayload(b"x" * 10, slots_exhausted=True, held_in_worker=2)),
     BatchDone(0, 8, None, (SampleFailed(3, Stage.FETCH, capture(KeyError("k"))),)),
     BatchDone(0, 9, SlotPayload(SLOT, b"m", ((0, 8),)), state=b"state"),
-    Task(3, 4, list(range(1000, 1256)), (7,), consecutive=True),  # a sequential sampler's
-    Task(2, 8, [3, 9], (), first_sample=12, places=(101, 7)),  # a rank sharding the epoch
-    Release((4, 5, 6)),
+    Task(3, 4, list(range(1000, 1256)), consecutive=True),  # a sequential sampler's
+    Task(2, 8, [3, 9], first_sample=12, places=(101, 7)),  # a rank sharding the epoch
     Ready(1, 1234, b"state"),
     Stop(),
 ]
@@ -65,6 +63,32 @@ def test_a_consecutive_index_travels_as_two_numbers_and_comes_back_a_list() -> N
     back = wire.BodyDecoder().decode(memoryview(wire.encode(run))[8:])
     assert type(back.index) is list and back.index == index
     assert all(type(i) is int for i in back.index)
+
+
+@pytest.mark.parametrize(
+    "task",
+    [Task(0, 5, list(range(256))), Task(1, 2, ["a", ("b", 3)], exclude=("b",))],
+    ids=["fixed layout", "pickled"],
+)
+def test_freed_slots_ride_in_a_tasks_frame_or_alone_and_reach_the_reader(task: Task) -> None:
+    freed: list[tuple[tuple[int, ...], bool]] = []
+    decoder = wire.BodyDecoder(on_released=lambda ids, alone: freed.append((ids, alone)))
+    back = decoder.decode(memoryview(wire.encode_task(task, (4, 9)))[8:])
+    assert back == task  # no message names a slot: the frame carries them
+    assert decoder.decode(memoryview(wire.encode_released((5, 6, 7)))[8:]) is None
+    assert freed == [((4, 9), False), ((5, 6, 7), True)]
+
+
+def test_a_frame_of_freed_slots_alone_is_no_message_to_read(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    frames = [wire.encode_released((1,)), wire.encode(Stop()), wire.encode_released((2, 3))]
+    os.write(w, b"".join(frames) + wire.encode_task(MESSAGES[0], (8,)))
+    freed: list[tuple[int, ...]] = []
+    reader = wire.FrameReader(r, on_released=lambda ids, alone: freed.append(ids))
+    assert reader.recv() == Stop()  # the frame before it freed its slot, and is no message
+    assert freed == [(1,)]
+    assert reader.recv() == MESSAGES[0]
+    assert freed == [(1,), (2, 3), (8,)]
 
 
 def test_hot_messages_take_the_fixed_layout() -> None:
@@ -152,7 +176,6 @@ NON_DEFAULT: dict[str, object] = {
     "epoch": 3,
     "seq": 9,
     "index": [40, 41, 42],
-    "released": (1, 2),
     "trace": True,
     "exclude": (41,),
     "first_sample": 17,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._protocol import BatchDone, IterationEnded, Task, TaskReply
+from .._protocol import BatchDone, IterationEnded, RoomAhead, Task, TaskReply
 from .._supervision import SupervisionPolicy
 from ..records import SkippedSample
 from .facts import LeaveOut, Position, Restart
@@ -57,10 +57,8 @@ class TaskBook:
         auto_collation: bool,
         policy: SupervisionPolicy,
         skipped: list[SkippedSample],
-        run_ahead_bytes: int = 0,
         now: float = 0.0,
     ) -> None:
-        """``run_ahead_bytes``: each worker's share of the run-ahead budget."""
         self.prefetch = prefetch
         self.in_order = in_order
         self.skips = SkipLedger(skipped, policy)
@@ -69,7 +67,7 @@ class TaskBook:
         self.view = LedgerView(ledger)  # what the judges, the tally and the loop read
         self._workers = ledger.workers
         self._serving = num_workers  # workers not retired (asked for at every dispatch)
-        self.ahead = RunAhead(num_workers, prefetch, run_ahead_bytes)
+        self.ahead = RunAhead(num_workers)
         self._start_epoch_state()
 
     def _start_epoch_state(self) -> None:
@@ -244,11 +242,11 @@ class TaskBook:
         reply: TaskReply,
         origin: Any = None,
         now: float | None = None,
-        slot_bytes: int = 0,
+        room: RoomAhead | None = None,
     ) -> int:
         """File a task's reply: FILED, or STALE (an abandoned epoch, a task already
         answered) or SURVIVED (a suspect's verdict): the caller frees its payload.
-        ``slot_bytes``: the shared-memory slot its batch came in (0: none)."""
+        ``room``: how far its worker may run ahead, as its pool tells from the batch."""
         entry = self._tasks.get(reply.seq)
         ledger = self._ledger
         if reply.epoch != ledger.epoch or entry is None or entry.reply is not None:
@@ -268,9 +266,8 @@ class TaskBook:
             if busy_s > 0:
                 ewma = 0.9 * ledger.batch_time + 0.1 * busy_s
                 ledger.batch_time = ewma if ledger.batch_time else busy_s
-            ahead = self.ahead
-            if slot_bytes and slot_bytes != ahead.slot_bytes and ahead.budget:
-                ahead.batch(slot_bytes, busy_s)
+            if room is not None:
+                self.ahead.batch(room, busy_s)
             if reply.skipped:
                 entry.left_out += notes_of(worker_id, reply.skipped)
         return FILED

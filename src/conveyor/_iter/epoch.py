@@ -29,7 +29,6 @@ from .cursor import SamplerCursor
 from .elastic import RankPart, check_fits, read_part
 from .facts import Position
 from .rng import replayed_draw
-from .run_ahead import SLOTS_BEYOND_PREFETCH
 from .sharding import SAMPLES
 from .state import ResumePoint
 
@@ -207,7 +206,7 @@ class EpochStart:
         else:
             self.cursor.replay_first_draw(self._first_global)
 
-    def worker_specs(self, *, pipe_seed: int | None, run_ahead_bytes: int) -> list[WorkerSpec]:
+    def worker_specs(self, *, pipe_seed: int | None) -> list[WorkerSpec]:
         """What each worker starts with (after :meth:`draw_base_seed`): the loader's
         settings, the base seed and, resumed, its part of the state (persistent workers
         after a finished epoch too: they then begin a new epoch, as they would have in
@@ -224,12 +223,10 @@ class EpochStart:
                 config,
                 i,
                 self.base_seed,
-                max_slots=config.prefetch + SLOTS_BEYOND_PREFETCH,
                 resume_state=restored[i] if restored is not None else None,
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=self.finished and restored is not None,
                 pipe_seed=pipe_seed,
-                run_ahead_bytes=run_ahead_bytes,
             )
             for i in range(config.num_workers)
         ]

@@ -22,7 +22,6 @@ from .._compat import assert_never
 from .._datapipes import SharedSeeds, is_iter_datapipe
 from .._dataset_state import WorkerState
 from .._protocol import BatchDone, Died, IterationEnded, Ready, SeedPipe, StartupFailed, TaskFailed
-from .._transport.arena import run_ahead_bytes
 from .._workers.api import BatchHandle, PoolFactory, Received
 from .._workers.spec import UserObjects
 from ..collate import registrations as collate_registrations
@@ -31,7 +30,7 @@ from ..errors import BatchesHeldWarning, DuplicateDataWarning
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from ..sampling import consecutive_batches
-from . import failures
+from . import failures, messages
 from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
@@ -82,15 +81,14 @@ class MultiprocessIterator:
         if self._pipe_seeds is not None:
             self._pipe_seeds.draw(config.generator, config.dataset)
         now = time.monotonic()
-        run_ahead = run_ahead_bytes(config.num_workers) if config.options.run_ahead else 0
         self._book = TaskBook(
             num_workers=config.num_workers, prefetch=config.prefetch,
             in_order=config.in_order, iterable=config.iterable,
             auto_collation=config.auto_collation, policy=config.policy,
-            skipped=history.skipped, run_ahead_bytes=run_ahead, now=now,
+            skipped=history.skipped, now=now,
         )  # fmt: skip
         self._tally = Tally(config.num_workers, now, history, config.kind.name)
-        self._specs = start.worker_specs(pipe_seed=pipe_seed, run_ahead_bytes=run_ahead)
+        self._specs = start.worker_specs(pipe_seed=pipe_seed)
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if pool_factory is None:
@@ -117,7 +115,7 @@ class MultiprocessIterator:
         once the pool owns its teardown (a start cut short before was left to the garbage
         collector, which closes no bare descriptor, and left the workers running)."""
         config = self._config
-        self._flush = self._pool.abilities.flush
+        self._run_ahead = self._pool.abilities.run_ahead
         book, tally = self._book, self._tally
         self._supervisor = Supervisor(config, book, self._pool, tally, now, self._specs)
         self._tally.pids = self._supervisor.pids
@@ -293,9 +291,6 @@ class MultiprocessIterator:
     def _hand_out(self, entry: Entry) -> Any:
         reply = entry.reply
         self._top_up()  # one more task per task handed out, as torch does
-        # Run far ahead, the tasks that would carry freed slots may not come for a while.
-        if self._flush is not None:
-            self._flush()
         self.progress.reply_handed_out(entry.seq, entry.worker_id, reply)
         match reply:
             case BatchDone(payload=None) | IterationEnded():
@@ -311,8 +306,10 @@ class MultiprocessIterator:
                 assert_never(reply)
 
     def _decode(self, entry: Entry, handle: BatchHandle) -> Any:
-        # It came through a pipe: say why if the user can help it.
-        if handle.slots_exhausted and (why := self._book.ahead.held(entry.worker_id, handle)):
+        # It came another way, its worker's memory all in use: say why if the user can help.
+        room = self._run_ahead(handle) if self._run_ahead is not None else None
+        if room is not None and room.full and self._book.ahead.held(room):
+            why = messages.slots_held(entry.worker_id, room.held_in_worker)
             warnings.warn(why, BatchesHeldWarning, stacklevel=4)
         pinned, batch = self._pin_ahead.take(entry) if self._pin_ahead else (False, None)
         tally, began = self._tally, time.monotonic()
@@ -376,8 +373,9 @@ class MultiprocessIterator:
             case BatchDone() | TaskFailed() | IterationEnded():
                 if message.epoch_state is not None:  # the first of the epoch
                     self.progress.began(worker_id, message.epoch_state)
-                slot = batch.slot_bytes if batch is not None else 0
-                filed = self._book.on_reply(worker_id, message, batch, time.monotonic(), slot)
+                ahead = self._run_ahead
+                room = ahead(batch) if ahead is not None and batch is not None else None
+                filed = self._book.on_reply(worker_id, message, batch, time.monotonic(), room)
                 if filed == FILED and type(message) is BatchDone:
                     self._tally.worked(worker_id, message, batch)
                 if filed != FILED:

@@ -2,54 +2,54 @@
 
 torch keeps ``prefetch_factor`` tasks out per worker; with cheap samples on few
 cores a worker's queue then runs dry whenever the main process falls one batch
-behind (docs/design.md, "Run-ahead"). A pure object kept by the task book, told
-what came back (a batch's slot size and the worker's time on it, a reply of an
-abandoned epoch, a worker replaced, every slot of a worker in use).
+behind (docs/design.md, "Run-ahead"). How far the workers' memory allows is their
+pool's to say (``Abilities.run_ahead``: the process pool answers from its slots, as a
+:class:`~conveyor._protocol.RoomAhead`); when to follow it is decided here, in a pure
+object kept by the task book, told what came back (that answer and the worker's time
+on the batch, a reply of an abandoned epoch, a worker replaced).
 """
 
 from __future__ import annotations
 
-from .._transport.arena import RUN_AHEAD_BATCH_S, run_ahead
-from .._workers.api import BatchHandle
-from . import messages
+from .._protocol import HELD_BEYOND_PREFETCH, RoomAhead
 
-SLOTS_BEYOND_PREFETCH = 4  # batches the user may hold before the pipe fallback
+# A worker runs ahead only while its batches take under this long: the work left over
+# after a ``break`` stays short.
+RUN_AHEAD_BATCH_S = 0.001
 
 
 class RunAhead:
-    def __init__(self, num_workers: int, prefetch: int, budget: int = 0) -> None:
-        """``budget``: each worker's share of the run-ahead bytes (0: never beyond
-        ``prefetch``, as torch)."""
-        self.budget = budget
-        self._base_slots = prefetch + SLOTS_BEYOND_PREFETCH
-        self._told_slots_held = False
+    def __init__(self, num_workers: int) -> None:
+        self._told_held = False
         self.start_epoch([0] * num_workers)
 
     def add_worker(self) -> None:
         self.stale.append(0)
 
     def start_epoch(self, stale: list[int]) -> None:
-        """An epoch starts with prefetch alone: after a break, the slots of the last
+        """An epoch starts with prefetch alone: after a break, the memory of the last
         epoch's tasks still out (``stale``, per worker) must come back first."""
         self.stale = stale
         self.extra = 0  # tasks per worker beyond prefetch
-        self.slot_bytes = 0  # of the last batch: the run-ahead is decided when it changes
+        self.size = 0  # what the last batch decided by took: decided again when it changes
 
-    def batch(self, slot_bytes: int, busy_s: float) -> None:
-        """A batch came in a slot of another size than the last: decided again.
+    def batch(self, room: RoomAhead, busy_s: float) -> None:
+        """A batch came whose pool says how far its worker may run ahead.
 
-        Decided when the slots' size changes, which is rarely (batches alike): how many
-        tasks are out at a break then does not depend on timing, so the random draws
-        of the tasks left over, and of the next epoch, repeat from run to run. Only for
+        Decided when the batches' size changes, which is rarely (batches alike): how many
+        tasks are out at a break then does not depend on timing, so the random draws of
+        the tasks left over, and of the next epoch, repeat from run to run. Only for
         batches that took under RUN_AHEAD_BATCH_S (the work left over after a break
-        stays short), and not while slots of an abandoned epoch are still to come."""
+        stays short), and not while an abandoned epoch's replies are still to come."""
+        if not room.size or room.size == self.size:
+            return
         if busy_s > RUN_AHEAD_BATCH_S or any(self.stale):
             return
-        self.slot_bytes = slot_bytes
-        self.extra = run_ahead(slot_bytes, self._base_slots, self.budget)
+        self.size = room.size
+        self.extra = room.extra
 
     def stale_reply(self, worker_id: int) -> None:
-        """A reply of an abandoned epoch came (its slot is given back)."""
+        """A reply of an abandoned epoch came (its memory is given back)."""
         self.stale[worker_id] = max(0, self.stale[worker_id] - 1)
 
     def replaced(self, worker_id: int) -> None:
@@ -59,22 +59,20 @@ class RunAhead:
     def allow(self, per_worker: int) -> None:
         self.extra = per_worker
 
-    def held(self, worker_id: int, batch: BatchHandle) -> str | None:
-        """The warning for a batch that came through its worker's pipe, every slot being
-        in use, if the user should be told (see :meth:`slots_exhausted`)."""
-        held_in_worker = batch.held_in_worker
-        if self.slots_exhausted(held_in_worker, batch.batches_alive()):
-            return messages.slots_held(worker_id, held_in_worker)
-        return None
+    def held(self, room: RoomAhead) -> bool:
+        """A batch came another way, every piece of its worker's memory in use (``room``
+        says who holds them); True when the user should be told (see
+        :meth:`slots_exhausted`)."""
+        return self.slots_exhausted(room.held_in_worker, room.held_by_loop)
 
     def slots_exhausted(self, held_in_worker: int, held_by_loop: int) -> bool:
-        """A worker found every slot in use and sent a batch through its pipe; True when
+        """A worker found its memory in use and sent a batch through its pipe; True when
         the user should be told (once): arrays the worker keeps, or batches the loop
-        keeps, hold them. Otherwise batches that wait to be handed out filled them (a
+        keeps, hold it. Otherwise batches that wait to be handed out filled it (a
         worker running ahead, batches that keep growing): the run-ahead is withdrawn,
         and the next batch size decides it again."""
-        if not held_in_worker and held_by_loop < SLOTS_BEYOND_PREFETCH:
+        if not held_in_worker and held_by_loop < HELD_BEYOND_PREFETCH:
             self.extra = 0
             return False
-        told, self._told_slots_held = self._told_slots_held, True
+        told, self._told_held = self._told_held, True
         return not told

@@ -62,13 +62,9 @@ class Supervisor:
     def statistics(self, skipped: int) -> LoaderStatistics:
         """``statistics()``: the tally, with what the pool can say of its workers."""
         book, usage = self._book, self._pool.abilities.usage
-        try:  # (asked from any thread: a worker may be being replaced)
-            alive = usage.alive() if usage is not None else 0
-        except Exception:
-            alive = 0
         stats = self._tally.statistics(
             book.epoch, skipped=skipped, now=time.monotonic(), pids=self.pids(),
-            tasks=book.view.entries(), usage=usage, alive=alive,
+            tasks=book.view.entries(), usage=usage,
         )  # fmt: skip
         if self.count is None:
             return stats

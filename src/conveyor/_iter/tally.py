@@ -152,11 +152,10 @@ class Tally:
         pids: list[int | None] | None = None,
         tasks: Iterable[TaskRecord] = (),
         usage: Usage | None = None,
-        alive: int = 0,
     ) -> LoaderStatistics:
         """``tasks``: the task book's (those unanswered are in flight, those answered
         wait to be handed out); ``usage``: what the pool can say of its workers' CPU and
-        memory; ``alive``: batches in shared memory the user still holds."""
+        memory, and how many batches hold their memory."""
         tasks = sorted(tasks, key=lambda e: e.seq)
         in_flight = tuple(
             InFlightTask(e.worker_id, e.seq, e.indices, now - e.sent_at)
@@ -179,12 +178,13 @@ class Tally:
             )
             for i, w in enumerate(self._workers)
         )
-        in_slots = sum(1 for e in ready if e.origin is not None and e.origin.slot_bytes)
+        batches = [e.origin for e in ready if e.origin is not None]
+        in_memory = _reading(lambda: usage.in_memory(batches)) if usage is not None else None
         return LoaderStatistics(
             stages=stages,
             stages_total=self.clock.total(now),
             ready=len(ready),
-            slots_in_use=in_slots + alive,
+            slots_in_use=in_memory or 0,
             worker_method=self._method,
             epoch=epoch,
             batches=self.batches,

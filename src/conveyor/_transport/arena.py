@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._protocol import HELD_BEYOND_PREFETCH
 from ..errors import SharedMemoryExhaustedError
 
 PAGE = mmap.PAGESIZE
@@ -62,6 +63,22 @@ def map_status_page(fd: int) -> memoryview:
 def run_ahead_bytes(num_workers: int) -> int:
     """Each worker's share of RUN_AHEAD_BYTES."""
     return RUN_AHEAD_BYTES // max(1, num_workers)
+
+
+@dataclass(frozen=True)
+class SlotBudget:
+    """How many slots a worker may have: ``max_slots`` of any size (its prefetched
+    tasks' batches and a few the loop keeps), and more while they all fit
+    ``run_ahead_bytes`` (small batches that run ahead, or that the loop keeps)."""
+
+    max_slots: int = 0
+    run_ahead_bytes: int = 0
+
+    @classmethod
+    def for_loader(cls, prefetch: int, num_workers: int, run_ahead: bool) -> SlotBudget:
+        """Each worker's, for ``num_workers`` workers taking ``prefetch`` tasks each."""
+        share = run_ahead_bytes(num_workers) if run_ahead else 0
+        return cls(prefetch + HELD_BEYOND_PREFETCH, share)
 
 
 def run_ahead(slot_bytes: int, base_slots: int, budget: int) -> int:

@@ -166,14 +166,6 @@ class Encoder:
         self._lease: SlotLease | None = None
         self._metas: dict[tuple[Any, ...], bytes] = {}  # see _encode_known
 
-    def release(self, released: tuple[int, ...]) -> None:
-        """The main process no longer uses these slots."""
-        if released:
-            self.arena.release(released)
-
-    def trim(self) -> None:
-        self.arena.trim()
-
     @property
     def arrays_as_tensors(self) -> bool:
         """NumPy leaves stand for tensors the main process makes (see conveyor._torch);
@@ -454,37 +446,19 @@ class Decoder:
 
 class PayloadHandle:
     """A payload not yet decoded, with the decoder of the worker that sent it (which may
-    be replaced before the batch is handed out): the pool's batch handle."""
+    be replaced before the batch is handed out): the process pool's batch handle."""
 
-    __slots__ = ("_decoder", "payload")
+    __slots__ = ("decoder", "payload")
 
     def __init__(self, decoder: Decoder, payload: Payload) -> None:
-        self._decoder = decoder
+        self.decoder = decoder
         self.payload = payload
 
-    @property
-    def slot_bytes(self) -> int:
-        payload = self.payload
-        return payload.slot.size if type(payload) is SlotPayload else 0
-
-    @property
-    def slots_exhausted(self) -> bool:
-        payload = self.payload
-        return type(payload) is InlinePayload and payload.slots_exhausted
-
-    @property
-    def held_in_worker(self) -> int:
-        payload = self.payload
-        return payload.held_in_worker if type(payload) is InlinePayload else 0
-
     def open(self) -> Any:
-        return self._decoder.decode(self.payload)
+        return self.decoder.decode(self.payload)
 
     def discard(self) -> None:
-        self._decoder.discard(self.payload)
-
-    def batches_alive(self) -> int:
-        return self._decoder.batches_alive
+        self.decoder.discard(self.payload)
 
     @property
     def nbytes(self) -> int:

@@ -41,8 +41,8 @@ class StorePayload:
 
 
 class ObjectStoreEncoder:
-    """The worker's transport (see core.Transport): nothing to lease or release, Ray's
-    object store holds each batch until the driver lets go of it."""
+    """The worker's transport (see core.Transport): nothing to lease, Ray's object store
+    holds each batch until the driver lets go of it."""
 
     arrays_as_tensors = False  # set by the core: NumPy leaves that stand for tensors
 
@@ -55,12 +55,6 @@ class ObjectStoreEncoder:
         # Views of the batch's own memory: Ray copies them into its store, once.
         arrays = tuple(np.frombuffer(b.raw(), dtype=np.uint8) for b in buffers)
         return StorePayload(meta, arrays)
-
-    def release(self, released: tuple[int, ...]) -> None:
-        pass  # no slots
-
-    def trim(self) -> None:
-        pass
 
 
 class _Writable:
@@ -92,9 +86,6 @@ class ObjectStoreBatch:
     """A remote worker's batch as the loop receives it (see api.BatchHandle)."""
 
     __slots__ = ("_payload", "nbytes")
-    slot_bytes = 0
-    slots_exhausted = False
-    held_in_worker = 0
 
     def __init__(self, payload: StorePayload) -> None:
         self._payload: StorePayload | None = payload
@@ -107,6 +98,3 @@ class ObjectStoreBatch:
 
     def discard(self) -> None:
         self._payload = None  # the store frees it when the last reference goes
-
-    def batches_alive(self) -> int:
-        return 0  # no slots to run out of

@@ -4,22 +4,23 @@ Four verbs — :meth:`Pool.send`, :meth:`Pool.wait`, :meth:`Pool.restart`,
 :meth:`Pool.close` — and two events, :class:`Received` and :class:`Died`. What only
 some kinds of worker can do is declared in :class:`Abilities` and asked for by the
 loop: read what a worker is doing and dump its stacks (``inspect``), kill a stuck one
-(``kill``) or, where it cannot be killed (a thread), abandon it (``abandon``), hand
-freed memory back early (``flush``), show its processes the way torch's iterator does
-(``handles``).
+(``kill``) or, where it cannot be killed (a thread), abandon it (``abandon``), tell how
+far its workers may run ahead (``run_ahead``), show its processes the way torch's
+iterator does (``handles``).
 
 A received batch travels as a :class:`BatchHandle`: the loop opens it when the batch
 is handed out, or discards it, without knowing how it came (shared memory, a
-reference from a thread, an object store).
+reference from a thread, an object store). How a kind's workers hold memory (the
+process pool's slots, their release, their budget) is that kind's own business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._protocol import Died, SeedPipe, Task, WorkerMessage, WorkerStatus
+from .._protocol import Died, RoomAhead, SeedPipe, Task, WorkerMessage, WorkerStatus
 from .spec import UserObjects, WorkerSpec
 
 __all__ = [
@@ -40,33 +41,12 @@ __all__ = [
 class BatchHandle(Protocol):
     """A batch as it arrived, not yet rebuilt."""
 
-    # Transport hints, for the loop's run-ahead and its slots-held warning.
-
-    @property
-    def slot_bytes(self) -> int:
-        """The size of the shared-memory slot it lies in (0: none)."""
-        ...
-
-    @property
-    def slots_exhausted(self) -> bool:
-        """It came another way because every slot of its worker was in use."""
-        ...
-
-    @property
-    def held_in_worker(self) -> int:
-        """Of those slots, how many arrays the worker itself keeps still use."""
-        ...
-
     def open(self) -> Any:
         """The batch (arrays are views of the transport's memory where it has any)."""
         ...
 
     def discard(self) -> None:
         """Give its memory back without rebuilding it (an abandoned epoch)."""
-        ...
-
-    def batches_alive(self) -> int:
-        """Batches of its worker's memory handed out and not yet garbage."""
         ...
 
     @property
@@ -114,8 +94,9 @@ class Usage(Protocol):
         """Memory the worker alone holds (USS; None: unknown, or shared with others)."""
         ...
 
-    def alive(self) -> int:
-        """Batches of the workers' memory handed out and not yet garbage."""
+    def in_memory(self, batches: Iterable[BatchHandle]) -> int:
+        """Batches that hold its workers' memory: of ``batches`` (received, waiting to be
+        handed out), and those handed out and not yet garbage."""
         ...
 
 
@@ -154,7 +135,9 @@ class Abilities:
     # End a stuck worker: a Died follows, and until it is replaced it reads as gone.
     kill: Callable[[int], None] | None = None
     abandon: Abandoner | None = None  # where it cannot be killed: leave it to itself
-    flush: Callable[[], None] | None = None  # hand freed memory back to workers now
+    # How far its workers may run ahead, judged from a batch received (None: it says
+    # nothing; processes: from their slots, see _iter/run_ahead.py).
+    run_ahead: Callable[[BatchHandle], RoomAhead | None] | None = None
     handles: Callable[[], list[Any]] | None = None  # for code that reads iterator._workers
     usage: Usage | None = None  # their CPU time and memory
     resize: Resizer | None = None  # more or fewer of them as they run

@@ -30,7 +30,6 @@ from .._protocol import (
     IterationEnded,
     MainMessage,
     Ready,
-    Release,
     SampleFailed,
     SeedPipe,
     Stage,
@@ -88,12 +87,6 @@ class Transport(Protocol):
     def encode(self, batch: Any) -> Any:
         """The payload for ``batch``; raises what pickling raises."""
         ...
-
-    def release(self, released: tuple[int, ...]) -> None:
-        """The main side no longer uses these parts of the transport (slots)."""
-        ...
-
-    def trim(self) -> None: ...
 
 
 STOP = object()  # what handle() returns for a Stop: the core is done
@@ -225,10 +218,6 @@ class WorkerCore:
                 if self.status.stop_requested():  # teardown: the tasks queued are not wanted
                     return STOP
                 return self._task(message)
-            case Release():
-                self.transport.release(message.released)
-                self.transport.trim()
-                return None
             case SeedPipe():
                 _datapipes.seed_graph(self.user.dataset, message.seed)
                 return None
@@ -238,7 +227,6 @@ class WorkerCore:
                 assert_never(message)
 
     def _task(self, task: Task) -> TaskReply:
-        self.transport.release(task.released)
         started = time.monotonic()
         outcome, epoch_state = self._outcome(task)
         reply = self._reply(task, outcome, started)
@@ -404,12 +392,6 @@ class _InPlace:
 
     def encode(self, batch: Any) -> Any:
         raise AssertionError("the training thread's batches are not sent")
-
-    def release(self, released: tuple[int, ...]) -> None:
-        pass
-
-    def trim(self) -> None:
-        pass
 
 
 class _Unwatched:

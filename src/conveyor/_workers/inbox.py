@@ -1,21 +1,20 @@
-"""A worker's incoming messages, in order, with the slot releases they carry read early.
+"""A worker process's incoming messages, in order; the slots its frames free go to its
+arena as each frame is read.
 
-The main process says which slots it no longer uses on the next task it sends that
-worker. With several tasks queued (run-ahead), that task may wait in the pipe behind
-many others while the worker, believing its slots held, runs out of them. So when the
-worker finds no free slot, it reads what has arrived and applies the releases of the
-tasks it has not run yet (each once: the task keeps no copy), before giving up on
-shared memory for a batch.
+The main process says which slots it no longer uses in the next frame it sends that
+worker (a task's, or one of its own: see wire.py). With several tasks queued
+(run-ahead), that frame may wait in the pipe behind many others while the worker,
+believing its slots held, runs out of them. So when the worker finds no free slot, it
+reads what has arrived (:meth:`Inbox.reclaim`): reading a frame frees its slots, and
+the messages wait here for their turn.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import select
 from collections import deque
 from typing import Any
 
-from .._protocol import Release, Task
 from .._transport.arena import WorkerArena
 from .wire import FrameReader
 
@@ -23,9 +22,10 @@ from .wire import FrameReader
 class Inbox:
     def __init__(self, fd: int, arena: WorkerArena) -> None:
         self._fd = fd
-        self._reader = FrameReader(fd)
-        self._ahead: deque[Any] = deque()  # read early, not yet handed to the loop
         self._arena = arena
+        self._reader = FrameReader(fd, on_released=self._released)
+        self._ahead: deque[Any] = deque()  # read early, not yet handed to the core
+        self._freed = 0  # slot ids freed so far
 
     def recv(self) -> Any:
         """The next message; blocks. EOFError once the main process is gone."""
@@ -34,16 +34,14 @@ class Inbox:
         return self._reader.recv()
 
     def reclaim(self) -> bool:
-        """Apply the releases of every task already sent; True if there were any."""
+        """Read every frame already sent; True if they freed any slot."""
+        freed = self._freed
         readable, _, _ = select.select([self._fd], [], [], 0)
-        messages = self._reader.read() if readable else self._reader.buffered()
-        freed = False
-        for message in messages:
-            if isinstance(message, (Task, Release)) and message.released:
-                self._arena.release(message.released)
-                freed = True
-                if isinstance(message, Release):
-                    continue
-                message = dataclasses.replace(message, released=())
-            self._ahead.append(message)
-        return freed
+        self._ahead.extend(self._reader.read() if readable else self._reader.buffered())
+        return self._freed > freed
+
+    def _released(self, slot_ids: tuple[int, ...], alone: bool) -> None:
+        self._arena.release(slot_ids)
+        self._freed += len(slot_ids)
+        if alone:  # (many at once: an epoch's end or a discarded one) retire the outsized
+            self._arena.trim()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._transport.arena import SlotBudget
 from ..errors import ConfigError
 from .api import PoolFactory
 from .pool import WorkerPool
@@ -44,6 +45,8 @@ class KindOptions(Protocol):
     def worker_options(self) -> Mapping[str, Any] | None: ...
     @property
     def threads_per_worker(self) -> int: ...
+    @property
+    def run_ahead(self) -> bool: ...
 
 
 class KindConfig(Protocol):
@@ -53,6 +56,10 @@ class KindConfig(Protocol):
     def start_method(self) -> StartMethod: ...
     @property
     def timeout(self) -> float: ...
+    @property
+    def prefetch(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
     @property
     def options(self) -> KindOptions: ...
 
@@ -132,10 +139,13 @@ class WorkerKind:
 
 
 def _processes(config: KindConfig) -> PoolFactory:
+    options = config.options
+    slots = SlotBudget.for_loader(config.prefetch, config.num_workers, options.run_ahead)
     return functools.partial(
         WorkerPool,
         start_method=config.start_method,
-        threads_per_worker=config.options.threads_per_worker,
+        threads_per_worker=options.threads_per_worker,
+        slots=slots,
     )
 
 

@@ -24,7 +24,7 @@ import cloudpickle
 
 from .. import _scope, _torch
 from .._protocol import BatchDone, Stage, StartupFailed, WorkerMessage
-from .._transport.arena import WorkerArena
+from .._transport.arena import SlotBudget, WorkerArena
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
 from ..collate import carry_in
@@ -45,12 +45,14 @@ __all__ = ["CoreEnds", "UserObjects", "WorkerSpec", "worker_main"]
 @dataclass(frozen=True)
 class CoreEnds:
     """What one core of a worker process is given: who it is, its two pipes, and the
-    memfd of its shared-memory arena (whose first page is its status page)."""
+    memfd of its shared-memory arena (whose first page is its status page) with how many
+    slots it may hold."""
 
     spec: WorkerSpec
     tasks: Connection
     results: Connection
     arena_fd: InheritedFd
+    slots: SlotBudget
 
 
 def worker_main(
@@ -130,9 +132,9 @@ class _CoreShell:
 
     def __init__(self, ends: CoreEnds, heap: HeapKeeper) -> None:
         self.ends = ends
-        spec = ends.spec
+        slots = ends.slots
         self.arena = WorkerArena(
-            ends.arena_fd.fd, spec.max_slots, run_ahead_bytes=spec.run_ahead_bytes
+            ends.arena_fd.fd, slots.max_slots, run_ahead_bytes=slots.run_ahead_bytes
         )
         self.status = StatusWriter(self.arena.status_page)
         self.status.begin(-1, -1)

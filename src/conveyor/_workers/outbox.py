@@ -33,10 +33,14 @@ class Outbox:
 
         Raises BrokenPipeError when the worker is gone (the caller decides).
         """
-        data = memoryview(wire.encode(message))
+        self.write(wire.encode(message))
+
+    def write(self, frame: bytes) -> None:
+        """Queue a frame (see wire.py) and write what the pipe takes now."""
+        data = memoryview(frame)
         if self._queue:
             # Written as soon as the pipe has room (a worker short of slots reads ahead
-            # for the releases a task carries: they must not wait here).
+            # for the slots a frame frees: they must not wait here).
             self._queue.append(data)
             self.flush()
             return

@@ -16,9 +16,9 @@ import contextlib
 import os
 import selectors
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from .._protocol import (
     GONE,
@@ -27,7 +27,7 @@ from .._protocol import (
     Died,
     Own,
     Ready,
-    Release,
+    RoomAhead,
     SeedPipe,
     StartupFailed,
     Stop,
@@ -35,8 +35,10 @@ from .._protocol import (
     Unknown,
     WorkerStatus,
 )
-from .._transport.codec import PayloadHandle
-from .api import Abilities, PoolEvent, Received
+from .._transport.arena import SlotBudget, run_ahead
+from .._transport.codec import InlinePayload, PayloadHandle, SlotPayload
+from . import wire
+from .api import Abilities, BatchHandle, PoolEvent, Received
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .spec import UserObjects, WorkerSpec
@@ -64,9 +66,13 @@ class WorkerPool:
         specs: Sequence[WorkerSpec],
         *,
         start_method: StartMethod,
+        slots: SlotBudget,
         threads_per_worker: int = 1,
     ) -> None:
+        """``slots``: each worker's (see arena.SlotBudget)."""
         self._workers: list[Worker] = []
+        self._slots = slots
+        self._rooms: dict[int, RoomAhead] = {}  # the run-ahead of batches of each slot size
         self._cores = threads_per_worker  # cores per process, each in a thread
         self._dead: set[int] = set()  # cores whose process's death was reported, not restarted
         self._killed: dict[int, int] = {}  # a process the pool killed (its pid) -> for which core
@@ -115,6 +121,7 @@ class WorkerPool:
                 self._user,
                 self._setup,
                 self._preload,
+                self._slots,
             )
             self._serving_now = None
             for worker in cores:
@@ -141,34 +148,37 @@ class WorkerPool:
     @property
     def abilities(self) -> Abilities:
         return Abilities(
-            inspect=self, kill=self.kill, flush=self.flush, handles=self.handles, usage=self,
-            resize=self,
+            inspect=self, kill=self.kill, run_ahead=self.room, handles=self.handles,
+            usage=self, resize=self,
         )  # fmt: skip
 
     # --- talking to workers ---------------------------------------------------------
 
     def send(self, worker_id: int, message: Task | SeedPipe) -> None:
-        """Send a task (with the slots freed since), or a DataPipe's seed for the next
-        epoch (kept for a replacement too); to a worker that just died it is simply
-        lost: the caller re-sends what a dead worker had not answered."""
+        """Send a task (its frame carries the slots freed since), or a DataPipe's seed
+        for the next epoch (kept for a replacement too); to a worker that just died it
+        is simply lost: the caller re-sends what a dead worker had not answered."""
         worker = self._workers[worker_id]
-        if isinstance(message, SeedPipe):
-            self._specs[worker_id] = replace(self._specs[worker_id], pipe_seed=message.seed)
-        elif worker.pending_releases and not message.released:
-            message = message.with_released(worker.take_releases())
-        self._write(worker, message)
+        if type(message) is Task:
+            released = worker.take_releases() if worker.pending_releases else ()
+            self._write(worker, wire.encode_task(message, released))
+            self._release_alone()
+            return
+        assert isinstance(message, SeedPipe)
+        self._specs[worker_id] = replace(self._specs[worker_id], pipe_seed=message.seed)
+        self._write(worker, wire.encode(message))
 
-    def flush(self) -> None:
+    def _release_alone(self) -> None:
         """Slots freed in a number no task is carrying (see RELEASE_ALONE): to their
-        workers now, in a message of their own."""
+        workers now, in a frame of their own."""
         for worker in self._serving():
             if len(worker.pending_releases) >= RELEASE_ALONE:
-                self._write(worker, Release(worker.take_releases()))
+                self._write(worker, wire.encode_released(worker.take_releases()))
 
     @staticmethod
-    def _write(worker: Worker, message: Any) -> None:
+    def _write(worker: Worker, frame: bytes) -> None:
         try:
-            worker.outbox.send(message)  # never blocks: see outbox.py
+            worker.outbox.write(frame)  # never blocks: see outbox.py
         except (BrokenPipeError, ConnectionResetError):
             worker.outbox.clear()  # it died: its sentinel says so
 
@@ -179,7 +189,7 @@ class WorkerPool:
         without waiting; tasks queued for full pipes are written meanwhile.
         """
         events: list[PoolEvent] = []
-        self.flush()
+        self._release_alone()
         for worker in self._serving():
             if worker.reader.holds_frame:
                 events += self._received(worker, worker.reader.buffered())
@@ -329,8 +339,33 @@ class WorkerPool:
             return 0
         return process_uss(worker.pid)
 
-    def alive(self) -> int:
-        return sum(worker.decoder.batches_alive for worker in self._workers)
+    def in_memory(self, batches: Iterable[BatchHandle]) -> int:
+        waiting = sum(1 for b in batches if type(cast(PayloadHandle, b).payload) is SlotPayload)
+        return waiting + sum(worker.decoder.batches_alive for worker in self._workers)
+
+    # --- how far workers may run ahead (Abilities.run_ahead) ---------------------------
+
+    def room(self, batch: BatchHandle) -> RoomAhead | None:
+        """What a batch received says of how far its worker may run ahead: for batches in
+        slots of its size, as many tasks as its share of the run-ahead budget holds (the
+        same answer for the same size: decided once); or, for one that came through the
+        pipe because every slot was in use, who holds them."""
+        handle = cast(PayloadHandle, batch)
+        payload = handle.payload
+        if type(payload) is SlotPayload:
+            budget = self._slots
+            if not budget.run_ahead_bytes:
+                return None
+            size = payload.slot.size
+            room = self._rooms.get(size)
+            if room is None:
+                extra = run_ahead(size, budget.max_slots, budget.run_ahead_bytes)
+                room = self._rooms[size] = RoomAhead(size, extra)
+            return room
+        if type(payload) is InlinePayload and payload.slots_exhausted:
+            alive = handle.decoder.batches_alive
+            return RoomAhead(full=True, held_in_worker=payload.held_in_worker, held_by_loop=alive)
+        return None
 
     # --- life and death -------------------------------------------------------------
 

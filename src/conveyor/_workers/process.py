@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
-from .._transport.arena import MainArena, create_arena_fd
+from .._transport.arena import MainArena, SlotBudget, create_arena_fd
 from .._transport.codec import Decoder
 from . import parent_watch
 from .fds import InheritedFd
@@ -162,10 +162,11 @@ def start_worker(
     specs: Sequence[WorkerSpec],
     user: UserObjects,
     setup_fd: int | None,
-    preload: Sequence[str] = (),
+    preload: Sequence[str],
+    slots: SlotBudget,
 ) -> list[Worker]:
     """Start one worker process running a core for each of ``specs`` (several: in
-    threads); its cores, in the order of ``specs``."""
+    threads), each with ``slots``; its cores, in the order of ``specs``."""
     made: list[tuple[Connection, Connection, MainArena]] = []  # our ends, for a failed start
     ends: list[CoreEnds] = []
     child_ends: list[Connection] = []
@@ -180,7 +181,8 @@ def start_worker(
                 raise
             made.append((task_writer, result_reader, arena))
             result_writer = child_ends[-1]
-            ends.append(CoreEnds(spec, task_reader, result_writer, InheritedFd(arena.fd)))
+            arena_fd = InheritedFd(arena.fd)
+            ends.append(CoreEnds(spec, task_reader, result_writer, arena_fd, slots))
         fds = _ProcessFds.open(specs)
     except BaseException:
         _close_made(made, child_ends)

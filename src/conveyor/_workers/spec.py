@@ -59,7 +59,8 @@ class SpecSource(Protocol):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Who a worker is and how it serves, whatever kind of worker runs it."""
+    """Who a worker is and what it serves, whatever kind of worker runs it (the memory a
+    kind gives it is that kind's own business)."""
 
     worker_id: int
     num_workers: int
@@ -67,7 +68,6 @@ class WorkerSpec:
     iterable: bool
     auto_collation: bool
     drop_last: bool
-    max_slots: int = 0  # shared-memory transport: slots per worker (prefetch and held)
     skip_errors: bool = False  # on_error="skip": leave failing samples out
     tensors_in_main: bool = False  # the main process makes the tensors (see _torch.py)
     reseed: str = "worker"  # see conveyor._reseed
@@ -75,7 +75,6 @@ class WorkerSpec:
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
-    run_ahead_bytes: int = 0  # small batches: slots beyond max_slots (arena.RUN_AHEAD_BYTES)
     worker_method: str = "multiprocessing"  # what get_worker_info() says
 
     @classmethod

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -69,20 +69,11 @@ class _ByReference:
     def encode(self, batch: Any) -> Any:
         return _Batch(batch)
 
-    def release(self, released: tuple[int, ...]) -> None:
-        pass  # no slots: memory is the garbage collector's
-
-    def trim(self) -> None:
-        pass
-
 
 class _Batch:
     """A thread worker's batch, as the loop receives it (see api.BatchHandle)."""
 
     __slots__ = ("_batch",)
-    slot_bytes = 0
-    slots_exhausted = False
-    held_in_worker = 0
     nbytes = 0  # handed over by reference
 
     def __init__(self, batch: Any) -> None:
@@ -94,9 +85,6 @@ class _Batch:
 
     def discard(self) -> None:
         self._batch = None
-
-    def batches_alive(self) -> int:
-        return 0
 
 
 class _Outbox:
@@ -298,8 +286,8 @@ class ThreadPool:
     def memory_bytes(self, worker_id: int) -> int | None:
         return None  # threads share the process's memory
 
-    def alive(self) -> int:
-        return 0  # no slots: batches are the garbage collector's
+    def in_memory(self, batches: Iterable[Any]) -> int:
+        return 0  # batches are the garbage collector's: nothing of the workers' holds them
 
     # --- seeing into workers (Abilities.inspect) ---------------------------------------
 

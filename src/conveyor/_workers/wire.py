@@ -7,13 +7,19 @@ fixed binary layout (``struct``), which costs a fraction of pickling a dataclass
 - ``T``: a :class:`Task` whose other fields (excluded indices) have their defaults;
   its ``index`` (whatever the sampler yielded) is pickled, so its types come back
   exactly, or, when it is a run of consecutive ints (``Task.consecutive``), sent as its
-  first value and length.
+  first value and length. Any task frame (``T``, or ``P`` for a task) also carries the
+  slots the main process freed since its last frame to that worker.
+- ``R``: only freed slots, when no task is going to that worker to carry them.
 - ``B``: a :class:`BatchDone` whose payload is a :class:`SlotPayload` and whose other
   fields (skipped samples, states) have their defaults.
 
 Every other message is pickled whole (``P``), with multiprocessing's pickler. Which
 fields the binary forms carry is written once (``_TASK_FIELDS``, ``_BATCH_FIELDS``): a
 field added to a message later travels pickled until the binary form learns it.
+
+Freed slots are the process pool's own business: no message names them. A worker's
+reader hands them to its arena as it reads their frame (``FrameReader``'s
+``on_released``), in order or reading ahead for room, so they take one route.
 
 Readers are buffered: one ``read`` takes every frame the pipe holds, so a worker that
 has several tasks queued, or a main process with several batches waiting, pays one
@@ -26,7 +32,7 @@ import dataclasses
 import os
 import pickle
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -37,20 +43,21 @@ from .._transport.codec import SlotPayload
 _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
+_COUNT = struct.Struct("<I")  # how many slot ids follow (R frames, and before a P task)
 _TASK_TRACE, _TASK_WANT_STATE, _TASK_CONSECUTIVE = 1, 2, 4
 _RUN = struct.Struct("<qq")  # a consecutive index: its first value and length
 # epoch, seq, busy_s, started, fetch_s, collate_s, encode_s, slot id, slot offset, slot
 # size, layout count, retired count, plain
 _BATCH = struct.Struct("<qqdddddqqqII?")
-_KIND_TASK, _KIND_BATCH, _KIND_PICKLE = b"T", b"B", b"P"
+_KIND_TASK, _KIND_BATCH, _KIND_PICKLE, _KIND_RELEASED = b"T", b"B", b"P", b"R"
+_KIND_PICKLED_TASK = b"Q"  # a task with excluded indices or places, pickled, and slots
 READ_SIZE = 1 << 16
 
 # What the binary forms carry, and the fields they leave out (which must then have their
 # defaults: see encode, whose per-batch checks name them, cheaper than a loop over them).
 _CARRIED: dict[type, tuple[set[str], list[str]]] = {
     Task: (
-        {"epoch", "seq", "index", "released", "trace", "first_sample", "want_state",
-         "consecutive"},
+        {"epoch", "seq", "index", "trace", "first_sample", "want_state", "consecutive"},
         ["exclude", "places"],
     ),
     BatchDone: (
@@ -65,16 +72,41 @@ for _kind, (_carried, _checked) in _CARRIED.items():
         raise TypeError(f"{_kind.__name__} has a field the wire's binary form does not know")
 
 
+# Called with the slot ids a frame carries, and whether they came alone (an R frame).
+Released = Callable[[tuple[int, ...], bool], None]
+
+
 def encode(message: Any) -> bytes:
-    """One whole frame (length included) for ``message``."""
-    kind = type(message)
-    if kind is Task and not message.exclude and not message.places:
-        body = _encode_task(message)
-    elif kind is BatchDone and _plain_batch(message):
+    """One whole frame (length included) for ``message`` (a task: :func:`encode_task`)."""
+    if type(message) is Task:
+        return encode_task(message)
+    if type(message) is BatchDone and _plain_batch(message):
         body = _encode_batch(message)
     else:
         body = _KIND_PICKLE + bytes(ForkingPickler.dumps(message))
     return _LENGTH.pack(len(body)) + body
+
+
+def encode_task(task: Task, released: tuple[int, ...] = ()) -> bytes:
+    """The frame of ``task``, carrying the slots ``released`` since the last frame."""
+    if not task.exclude and not task.places:
+        body = _encode_task(task, released)
+    elif not released:
+        body = _KIND_PICKLE + bytes(ForkingPickler.dumps(task))
+    else:
+        pickled = bytes(ForkingPickler.dumps(task))
+        body = b"".join((_KIND_PICKLED_TASK, _COUNT.pack(len(released)), _ids(released), pickled))
+    return _LENGTH.pack(len(body)) + body
+
+
+def encode_released(released: tuple[int, ...]) -> bytes:
+    """A frame of freed slots alone (no task is going to their worker)."""
+    body = b"".join((_KIND_RELEASED, _COUNT.pack(len(released)), _ids(released)))
+    return _LENGTH.pack(len(body)) + body
+
+
+def _ids(released: tuple[int, ...]) -> bytes:
+    return struct.pack(f"<{len(released)}q", *released) if released else b""
 
 
 def _plain_batch(message: BatchDone) -> bool:
@@ -87,7 +119,7 @@ def _plain_batch(message: BatchDone) -> bool:
     )
 
 
-def _encode_task(task: Task) -> bytes:
+def _encode_task(task: Task, released: tuple[int, ...]) -> bytes:
     flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
     index = task.index
     if task.consecutive and index:
@@ -95,10 +127,8 @@ def _encode_task(task: Task) -> bytes:
         packed = _RUN.pack(index[0], len(index))
     else:
         packed = pickle.dumps(index, pickle.HIGHEST_PROTOCOL)
-    released = task.released
     head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
-    ids = struct.pack(f"<{len(released)}q", *released) if released else b""
-    return b"".join((_KIND_TASK, head, ids, packed))
+    return b"".join((_KIND_TASK, head, _ids(released), packed))
 
 
 def _encode_batch(message: BatchDone) -> bytes:
@@ -125,20 +155,55 @@ def _encode_batch(message: BatchDone) -> bytes:
 
 
 class BodyDecoder:
-    """Bodies back into messages (keeps the slots it has seen: they are reused)."""
+    """Bodies back into messages (keeps the slots it has seen: they are reused).
+    ``on_released`` is given the freed slots a frame carries (a worker's reader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_released: Released | None = None) -> None:
         self._slots: dict[tuple[int, int, int], SlotInfo] = {}
+        self._on_released = on_released
 
     def decode(self, body: memoryview) -> Any:
+        """The message of a frame; None for a frame of freed slots alone."""
         kind = body[:1]
         if kind == _KIND_TASK:
-            return _decode_task(body)
+            return self._decode_task(body)
         if kind == _KIND_BATCH:
             return self._decode_batch(body)
         if kind == _KIND_PICKLE:
             return pickle.loads(body[1:])
+        if kind in (_KIND_RELEASED, _KIND_PICKLED_TASK):
+            (count,) = _COUNT.unpack_from(body, 1)
+            ids = struct.unpack_from(f"<{count}q", body, 1 + _COUNT.size)
+            self._released(ids, kind == _KIND_RELEASED)
+            at = 1 + _COUNT.size + 8 * count
+            return pickle.loads(body[at:]) if kind == _KIND_PICKLED_TASK else None
         raise ValueError(f"unknown frame kind {bytes(kind)!r} on a conveyor worker pipe")
+
+    def _released(self, released: tuple[int, ...], alone: bool) -> None:
+        if released and self._on_released is not None:
+            self._on_released(released, alone)
+
+    def _decode_task(self, body: memoryview) -> Task:
+        epoch, seq, first_sample, flags, n_released = _TASK.unpack_from(body, 1)
+        at = 1 + _TASK.size
+        if n_released:
+            self._released(struct.unpack_from(f"<{n_released}q", body, at), False)
+            at += 8 * n_released
+        consecutive = bool(flags & _TASK_CONSECUTIVE)
+        if consecutive:
+            first, length = _RUN.unpack_from(body, at)
+            index = list(range(first, first + length))  # the list the sampler yielded
+        else:
+            index = pickle.loads(body[at:])
+        return Task(
+            epoch=epoch,
+            seq=seq,
+            index=index,
+            trace=bool(flags & _TASK_TRACE),
+            first_sample=first_sample,
+            want_state=bool(flags & _TASK_WANT_STATE),
+            consecutive=consecutive,
+        )
 
     def _decode_batch(self, body: memoryview) -> BatchDone:
         epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
@@ -172,29 +237,6 @@ _new_payload = builder(SlotPayload)
 _new_batch_done = builder(BatchDone)
 
 
-def _decode_task(body: memoryview) -> Task:
-    epoch, seq, first_sample, flags, n_released = _TASK.unpack_from(body, 1)
-    at = 1 + _TASK.size
-    released = struct.unpack_from(f"<{n_released}q", body, at) if n_released else ()
-    at += 8 * n_released
-    consecutive = bool(flags & _TASK_CONSECUTIVE)
-    if consecutive:
-        first, length = _RUN.unpack_from(body, at)
-        index = list(range(first, first + length))  # the list the sampler yielded
-    else:
-        index = pickle.loads(body[at:])
-    return Task(
-        epoch=epoch,
-        seq=seq,
-        index=index,
-        released=released,
-        trace=bool(flags & _TASK_TRACE),
-        first_sample=first_sample,
-        want_state=bool(flags & _TASK_WANT_STATE),
-        consecutive=consecutive,
-    )
-
-
 class FrameReader:
     """Frames from one pipe, read in large chunks.
 
@@ -204,13 +246,14 @@ class FrameReader:
     read is gathered into a buffer of its own size, so a huge batch costs no re-copying.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, on_released: Released | None = None) -> None:
+        """``on_released``: given the freed slots each frame carries, as it is read."""
         self.fd = fd
         self._data = b""  # read, not yet parsed from _at on (immutable: views stay valid)
         self._at = 0
         self._large: bytearray | None = None  # the body of a large frame being read
         self._large_filled = 0
-        self._decoder = BodyDecoder()
+        self._decoder = BodyDecoder(on_released)
         self.eof = False
 
     def recv(self) -> Any:
@@ -275,6 +318,8 @@ class FrameReader:
         self._at = 0
 
     def _parsed(self, limit: int | None = None) -> Iterator[Any]:
+        """The messages of the whole frames read (a frame of freed slots alone is no
+        message: its slots went to ``on_released``)."""
         count = 0
         while limit is None or count < limit:
             large = self._large
@@ -282,8 +327,10 @@ class FrameReader:
                 if self._large_filled < len(large):
                     return
                 self._large = None
-                count += 1
-                yield self._decoder.decode(memoryview(large))
+                message = self._decoder.decode(memoryview(large))
+                if message is not None:
+                    count += 1
+                    yield message
                 continue
             data, at = self._data, self._at
             if len(data) - at < _LENGTH.size:
@@ -298,8 +345,10 @@ class FrameReader:
                     self._data, self._at = b"", 0
                 return
             self._at = end
-            count += 1
-            yield self._decoder.decode(memoryview(data)[start:end])
+            message = self._decoder.decode(memoryview(data)[start:end])
+            if message is not None:
+                count += 1
+                yield message
 
 
 def send(fd: int, message: Any) -> None:
