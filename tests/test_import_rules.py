@@ -1,11 +1,18 @@
 """The import rules of DESIGN.md, checked on the source with ``ast`` (nothing is imported).
 
-(a) No import cycle among conveyor's modules.
+(a) No import cycle among conveyor's modules, not even one closed by an import under
+    ``TYPE_CHECKING``: a type-only back-edge still ties the two modules into one.
 (b) ``conveyor._workers`` never imports ``conveyor._iter``.
 (c) ``conveyor._iter`` and ``conveyor.diagnostics`` never import ``conveyor.loader``.
 (d) Nothing but ``conveyor/__init__.py`` imports ``conveyor.loader``. ``cli``, ``doctor`` and
     ``benchmark`` are applications of the public API: they take ``DataLoader`` from the
     package (``from conveyor import DataLoader``), as a user does, never from ``loader.py``.
+(e) The task book and what decides beside it (its ledger and facts, the crash judge, the
+    deadlines, the run-ahead, the skip records: :data:`BOOK`) import nothing of
+    ``conveyor._workers`` or ``conveyor._transport``: they are pure.
+(f) ``conveyor._iter`` reaches a kind of worker (a module of ``conveyor._workers`` other
+    than the protocol, the core and what they share: :data:`SHARED_WORKERS`) only through
+    ``conveyor._workers.kinds``.
 
 What counts as an import of a conveyor module:
 
@@ -13,9 +20,8 @@ What counts as an import of a conveyor module:
   (it runs when the function is called; a cycle that works only because one import is
   deferred is still a cycle), and ``importlib.import_module`` / ``__import__`` of a
   literal name.
-* Imports under ``if TYPE_CHECKING:`` never run, so they make no cycle: the graph for (a)
-  leaves them out. They still tie a module to another layer's API, so (b), (c) and (d)
-  count them.
+* Imports under ``if TYPE_CHECKING:`` never run, but they still tie a module to another
+  (its types): (a) to (f) count them. Chains through other modules count imports that run.
 * ``from package import name`` imports the submodule ``package.name`` when there is one,
   else ``package/__init__.py``.
 * Importing ``a.b.c`` first runs the ``__init__`` of ``a`` and of ``a.b``: an edge to each,
@@ -46,6 +52,18 @@ PACKAGE = "conveyor"
 
 LOADER = "conveyor.loader"
 LOADER_IMPORTERS = frozenset({"conveyor"})  # the package's __init__: the public API
+BOOK = tuple(
+    f"conveyor._iter.{name}"
+    for name in ("book", "ledger", "facts", "steps", "crashes", "deadlines", "run_ahead", "skips")
+)
+KINDS = "conveyor._workers.kinds"
+# What of conveyor._workers is every kind's: the pool protocol, the core and its spec,
+# the start method, the fork gates, and what the core reports errors with.
+SHARED_WORKERS = frozenset(
+    f"conveyor._workers{name}"
+    for name in ("", ".api", ".core", ".spec", ".kinds", ".start_method", ".fork_gate",
+                 ".remote_error", ".sources")
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,13 @@ class Graph:
     modules: frozenset[str]
     edges: tuple[Edge, ...]
     unresolved: tuple[str, ...]  # imports of conveyor modules that do not exist
+
+    def imports(self) -> dict[str, set[str]]:
+        """Who imports whom, TYPE_CHECKING imports included."""
+        graph: dict[str, set[str]] = {name: set() for name in self.modules}
+        for edge in self.edges:
+            graph[edge.importer].add(edge.target)
+        return graph
 
     def runtime(self) -> dict[str, set[str]]:
         """Who imports whom when the code runs (TYPE_CHECKING imports left out)."""
@@ -321,11 +346,46 @@ def layer_violations(graph: Graph, layers: tuple[str, ...], forbidden: str) -> l
     return out
 
 
+def _is_kind(module: str) -> bool:
+    return _within(module, "conveyor._workers") and module not in SHARED_WORKERS
+
+
+def kind_violations(graph: Graph, layer: str = "conveyor._iter") -> list[str]:
+    """Modules of ``layer`` that import a kind of worker's module (TYPE_CHECKING included),
+    or reach one over imports that run other than through ``kinds.py``."""
+    in_layer = sorted(m for m in graph.modules if _within(m, layer))
+    out = [
+        f"{e.importer} imports {e.target} [{e.where()}]"
+        for e in graph.edges
+        if e.importer in in_layer and _is_kind(e.target) and not e.implicit
+    ]
+    runtime = graph.runtime()
+    for start in in_layer:
+        previous: dict[str, str] = {start: start}
+        queue = collections.deque([start])
+        while queue:
+            node = queue.popleft()
+            for succ in sorted(runtime[node]):
+                if succ in previous or succ == KINDS:
+                    continue
+                previous[succ] = node
+                if _is_kind(succ):
+                    chain = [succ]
+                    while chain[0] != start:
+                        chain.insert(0, previous[chain[0]])
+                    if len(chain) > 2:
+                        out.append(f"{start} reaches {succ} through: {_path(graph, chain)}")
+                    queue.clear()
+                    break
+                queue.append(succ)
+    return out
+
+
 def violations(graph: Graph) -> dict[str, list[str]]:
-    cycles = find_cycles(graph.runtime())
+    cycles = find_cycles(graph.imports())
     return {
         "every conveyor import names an existing module": list(graph.unresolved),
-        "(a) no import cycles (runtime imports)": [
+        "(a) no import cycles (TYPE_CHECKING imports included)": [
             describe_cycle(graph, cycle, others) for cycle, others in cycles
         ],
         "(b) conveyor._workers never imports conveyor._iter": layer_violations(
@@ -339,6 +399,11 @@ def violations(graph: Graph) -> dict[str, list[str]]:
             for e in graph.edges
             if e.target == LOADER and not e.implicit and e.importer not in LOADER_IMPORTERS
         ],
+        "(e) the book, the judges and the run-ahead import nothing of _workers or _transport": [
+            *layer_violations(graph, BOOK, "conveyor._workers"),
+            *layer_violations(graph, BOOK, "conveyor._transport"),
+        ],
+        "(f) conveyor._iter reaches a kind of worker only through kinds.py": kind_violations(graph),
     }
 
 
@@ -357,6 +422,15 @@ def test_the_graph_sees_conveyors_own_imports() -> None:
     assert {"conveyor", LOADER, "conveyor._iter", "conveyor._workers.pool"} <= graph.modules
     public = {e.target for e in graph.edges if e.importer == "conveyor" and not e.implicit}
     assert {LOADER, "conveyor.errors", "conveyor.collate"} <= public  # relative, in __init__
+
+
+def test_the_book_and_the_kinds_rules_name_real_modules() -> None:
+    graph = build_graph()
+    assert set(BOOK) <= graph.modules
+    assert {KINDS, *SHARED_WORKERS} <= graph.modules
+    # The loop does reach the kinds of worker, through kinds.py (the config asks it).
+    assert KINDS in graph.runtime()["conveyor.config"]
+    assert any(_is_kind(target) for target in graph.runtime()[KINDS])
 
 
 def test_cycle_finder_on_a_synthetic_graph() -> None:

@@ -24,7 +24,7 @@ from conveyor._protocol import Died, Ready, SeedPipe, Stage, StartupFailed, Task
 from conveyor._transport.codec import InlinePayload, dumps
 from conveyor._workers.api import Abilities, PoolEvent, Received
 from conveyor._workers.core import STOP, WorkerCore
-from conveyor._workers.spec import UserObjects, WorkerSpec
+from conveyor._workers.spec import UserObjects, WorkerSpec, own_objects
 from conveyor._workers.status import MemoryStatus
 
 IDLE = WorkerStatus(-1, -1, None, -1, 0.0)
@@ -102,9 +102,11 @@ class FakePool:
         FakePool.instances.append(self)
 
     def _make(self, spec: WorkerSpec) -> _FakeWorker:
-        """A worker as its process would make it: a core, started (its Ready, or the
-        error of its worker_init_fn, is its first message)."""
-        core = WorkerCore(spec, self.user, _PickledTransport(), MemoryStatus(), owns_process=False)
+        """A worker as its process would make it: a core with a dataset of its own (a
+        shallow copy, as a thread worker's), started (its Ready, or the error of its
+        worker_init_fn, is its first message)."""
+        user = own_objects(self.user)
+        core = WorkerCore(spec, user, _PickledTransport(), MemoryStatus(), owns_process=False)
         return _FakeWorker(spec.worker_id, next(self._pids), core, core.start())
 
     # --- the Pool protocol ----------------------------------------------------------

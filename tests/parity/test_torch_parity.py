@@ -18,13 +18,15 @@ import math
 import multiprocessing
 import pickle
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.helpers.fake_kind import FAKE, registered
 
 torch = pytest.importorskip("torch")
 
@@ -1109,4 +1111,41 @@ def cores_cases() -> list[Any]:
 
 @pytest.mark.parametrize("case", cores_cases())
 def test_cores_in_threads_give_torchs_batches(case: Case) -> None:
+    check_parity(case)
+
+
+# --- a fourth kind of worker: a shell and one registration ------------------------------
+
+
+def fake_cases() -> list[Any]:
+    """The thread workers' table, with the loop's fake pool registered as a kind of
+    worker (tests/helpers/fake_kind.py): its cores share this process as threads do, one
+    task at a time in the test's thread."""
+    chosen = []
+    for param in thread_cases():
+        (threaded,) = param.values
+
+        def kwargs(side: str, threaded: Case = threaded) -> dict[str, Any]:
+            given = dict(threaded.kwargs(side))
+            if side == "conveyor":
+                given["worker_method"] = FAKE.name
+            return given
+
+        fake = Case(threaded.dataset, kwargs, threaded.conveyor_dataset, threaded.epochs,
+                    threaded.stop_after)  # fmt: skip
+        base_id = param.id.removeprefix("threads-")
+        chosen.append(pytest.param(fake, id=f"fake-kind-{base_id}", marks=param.marks))
+    return chosen
+
+
+@pytest.fixture
+def fake_kind() -> Iterator[None]:
+    with registered():
+        yield
+
+
+@pytest.mark.parametrize("case", fake_cases())
+def test_a_kind_of_worker_made_of_a_shell_and_one_registration_gives_torchs_batches(
+    case: Case, fake_kind: None
+) -> None:
     check_parity(case)

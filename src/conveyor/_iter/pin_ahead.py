@@ -15,7 +15,7 @@ arrays with it: pinning leaves what is not a tensor as it is) pass between the
 threads in a box that only the main thread empties, so no slot is ever released
 from the pinning thread.
 
-The thread pins under a :class:`~conveyor._workers.start.ForkGate`: a fork of this
+The thread pins under a :class:`~conveyor._workers.fork_gate.ForkGate`: a fork of this
 process (a replacement worker, another loader's workers) waits for the pin in
 flight, so the thread is never copied into a child holding a lock. It lives while
 an epoch runs: stopped when the iterator closes or the epoch ends, started again
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._workers.api import Pool
-from .._workers.start import ForkGate
+from .._workers.fork_gate import ForkGate
 
 THREAD_NAME = "conveyor-pin"
 

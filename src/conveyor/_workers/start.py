@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from multiprocessing import spawn
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, ClassVar
+from typing import Any
 
 from .._torch import DEFER_ENV
+from .fork_gate import gates_held
 from .interrupts import interrupts_deferred
 from .start_method import StartMethod
 
@@ -43,38 +43,11 @@ def start_process(method: StartMethod, process: BaseProcess, preload: Sequence[s
         _start(method, process, preload)
 
 
-class ForkGate:
-    """Held by one of conveyor's threads while it works (the pin thread, while it
-    pins). A fork waits until every gate is free: a thread copied into the child
-    mid-work could hold a lock there that nothing will ever release."""
-
-    _all: ClassVar[weakref.WeakSet[ForkGate]] = weakref.WeakSet()
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # a thread forking under its own gate must not wait
-        ForkGate._all.add(self)
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
-@contextmanager
-def _gates_held() -> Iterator[None]:
-    with ExitStack() as held:
-        for gate in list(ForkGate._all):
-            held.enter_context(gate)
-        yield
-
-
 def _after_fork_in_child() -> None:
     """A forked child has none of this process's other threads, and the locks the
     forking thread held stay held in it: start afresh, for loaders made in a worker."""
     global _lock
     _lock = threading.Lock()
-    ForkGate._all = weakref.WeakSet()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -85,7 +58,7 @@ def _start(method: StartMethod, process: BaseProcess, preload: Sequence[str]) ->
     every gate, so it never copies a thread of ours mid-work."""
     with _lock:
         if method.copies_memory:
-            with _gates_held():
+            with gates_held():
                 process.start()
             return
         if method.uses_server:
