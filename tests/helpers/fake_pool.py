@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor._protocol import Died, Ready, SeedPipe, Stage, StartupFailed, Task, WorkerStatus
-from conveyor._transport.codec import InlinePayload, dumps
+from conveyor._transport.codec import InlinePayload
+from conveyor._transport.pickler import dumps
 from conveyor._workers.api import Abilities, PoolEvent, Received
 from conveyor._workers.core import STOP, WorkerCore
 from conveyor._workers.spec import UserObjects, WorkerSpec, own_objects

@@ -22,7 +22,7 @@ from conveyor._protocol import (
     Stage,
     TaskFailed,
 )
-from conveyor._transport.arena import run_ahead
+from conveyor._transport.budget import run_ahead
 from conveyor._workers.remote_error import capture
 
 

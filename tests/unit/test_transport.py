@@ -8,18 +8,16 @@ import numpy as np
 import pytest
 
 from conveyor._transport.arena import (
-    MAX_RUN_AHEAD,
     PAGE,
-    RUN_AHEAD_BYTES,
     MainArena,
     SlotInfo,
-    SlotLease,
     WorkerArena,
     create_arena_fd,
     round_up,
-    run_ahead,
 )
+from conveyor._transport.budget import MAX_RUN_AHEAD, RUN_AHEAD_BYTES, run_ahead
 from conveyor._transport.codec import Decoder, Encoder, InlinePayload, SlotPayload
+from conveyor._transport.lease import SlotLease
 from conveyor.collate import numpy_collate
 
 

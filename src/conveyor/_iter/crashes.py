@@ -65,6 +65,21 @@ class Evidence:
         self.suspect, self.suspect_kind, self.named, self.alone = None, None, 0, 0
 
 
+@dataclass(frozen=True)
+class _Case:
+    """What the judge makes of one death before deciding (see CrashJudge._case)."""
+
+    held: list[int]  # the seqs of the worker's unanswered tasks
+    culprit: int | None  # the one it was running
+    entry: TaskRecord | None
+    evidence: Evidence | None
+    named: tuple[Any, bool] | None  # the sample the death names, and whether alone
+    exit_text: str
+    summary: str
+    outside: bool  # the kind of death a kill from outside is
+    starting: bool  # it died starting up
+
+
 class CrashJudge:
     def __init__(
         self, ledger: LedgerView, policy: SupervisionPolicy, *, iterable: bool, forked: bool = True
@@ -91,19 +106,41 @@ class CrashJudge:
     def on_death(self, death: Died) -> Verdict:
         """A worker exited unexpectedly: restart it (re-sending what it held, a suspect
         first), or give up."""
-        ledger, worker_id = self._ledger, death.worker_id
         self._sync_epoch()
-        held = ledger.held(worker_id)
+        held = self._ledger.held(death.worker_id)
         if isinstance(death.blame, Bystander):
             return self._bystander(death, death.blame, held)
+        case = self._case(death, held)
+        if self._ledger.fatal is not None:
+            return self._give_up(death, case, "")  # no replacement; it matters if earlier
+        if self.iterable:
+            return self._give_up(death, case, messages.NO_RESTART_ITERABLE)
+        # Killed from outside while starting says nothing about start-up itself:
+        # max_worker_restarts bounds those.
+        start_death = case.starting and not case.outside and death.charged
+        if start_death and self._ledger.worker(death.worker_id).start_deaths + 1 >= 2:
+            return self._give_up(death, case, messages.SAME_DEATH_AT_START)
+        proven, leave_out = False, None
+        entry, evidence = case.entry, case.evidence
+        if entry is not None and evidence is not None:
+            proven = self._weigh(evidence, entry, death, case.outside, case.named)
+            if proven and not self.policy.skipping:
+                proof = messages.poison_proof(evidence.suspect, evidence.crashes, evidence.alone)
+                return self._give_up(death, case, proof)
+            if proven:
+                leave_out = self._leave_out(entry, evidence, death, case.exit_text, case.outside)
+        return self._restart(death, case, proven, leave_out, start_death)
+
+    def _case(self, death: Died, held: list[int]) -> _Case:
+        """What the ledger and the evidence say of a death: the task it was running, the
+        sample it names, how it ended, in words."""
         culprit = self._culprit(death.status, held)
         entry = self._entry(culprit) if culprit is not None else None
         evidence = self._evidence_of(culprit) if culprit is not None else None
         named = None
         if entry is not None and evidence is not None:
             named = self._named(entry, evidence, death.status)
-        worker = ledger.worker(worker_id)
-        reason = worker.killed_because
+        reason = self._ledger.worker(death.worker_id).killed_because
         exit_text = reason or death.cause or messages.describe_exit(death.exitcode, self.forked)
         summary = messages.death_summary(
             death,
@@ -114,54 +151,46 @@ class CrashJudge:
             sample=named[0] if named is not None else None,
             alone=named is not None and named[1],
         )
-
-        def give_up(note: str) -> GiveUpAt:
-            error = WorkerCrashedError(
-                f"{summary} {note}".rstrip(),
-                worker_id=worker_id,
-                pid=death.pid,
-                exitcode=death.exitcode,
-                indices=self._indices(held),
-            )
-            return GiveUpAt(error, min(held, default=None))
-
-        if ledger.fatal is not None:
-            return give_up("")  # already giving up: no replacement; it matters only if earlier
-        if self.iterable:
-            return give_up(messages.NO_RESTART_ITERABLE)
         # An unknown end (exitcode None: a Ray actor's) may have come from outside too.
         unknown = death.exitcode is None
         outside = (unknown or death.exitcode in _OUTSIDE_EXITS) and reason is None
         starting = death.status.stage in (Stage.STARTUP, Stage.WORKER_INIT)
-        # Killed from outside while starting says nothing about start-up itself:
-        # max_worker_restarts bounds those.
-        start_death = starting and not outside and death.charged
-        if start_death and worker.start_deaths + 1 >= 2:
-            return give_up(messages.SAME_DEATH_AT_START)
-        proven, leave_out = False, None
-        if entry is not None and evidence is not None:
-            proven = self._weigh(evidence, entry, death, outside, named)
-            if proven and not self.policy.skipping:
-                return give_up(
-                    messages.poison_proof(evidence.suspect, evidence.crashes, evidence.alone)
-                )
-            if proven:
-                leave_out = self._leave_out(entry, evidence, death, exit_text, outside)
-        # A death proven to be a sample's doing is charged to that sample (left out
-        # and recorded, within max_errors), not to the restart budget.
+        return _Case(held, culprit, entry, evidence, named, exit_text, summary, outside, starting)
+
+    def _give_up(self, death: Died, case: _Case, note: str) -> GiveUpAt:
+        error = WorkerCrashedError(
+            f"{case.summary} {note}".rstrip(),
+            worker_id=death.worker_id,
+            pid=death.pid,
+            exitcode=death.exitcode,
+            indices=self._indices(case.held),
+        )
+        return GiveUpAt(error, min(case.held, default=None))
+
+    def _restart(
+        self,
+        death: Died,
+        case: _Case,
+        proven: bool,
+        leave_out: LeaveOut | None,
+        start_death: bool,
+    ) -> Verdict:
+        """A replacement, charged to the restart budget unless the death was proven to
+        be a sample's doing (left out and recorded, within max_errors); or, the budget
+        spent, giving up."""
         limit = self.policy.max_worker_restarts
         if not proven and death.charged and self.charged >= limit:
-            return give_up(messages.restart_budget_spent(limit))
+            return self._give_up(death, case, messages.restart_budget_spent(limit))
         if not proven and death.charged:
             self.charged += 1
-            if evidence is not None:
-                evidence.charged += 1
-        resend, probes = self._resend(held, culprit, leave_out)
+            if case.evidence is not None:
+                case.evidence.charged += 1
+        resend, probes = self._resend(case.held, case.culprit, leave_out)
         retried = len(resend) - len(probes)
-        report = messages.restart_report(summary, proven, self.charged, limit, retried, probes)
+        report = messages.restart_report(case.summary, proven, self.charged, limit, retried, probes)
         if death.charged:  # once for the process
             report += messages.restarted_with(death.siblings)
-        return Restart(worker_id, resend, report, retried, leave_out, start_death)
+        return Restart(death.worker_id, resend, report, retried, leave_out, start_death)
 
     def _bystander(self, death: Died, blame: Bystander, held: list[int]) -> Verdict:
         """A core whose process died of a sibling core's doing: nothing against what it

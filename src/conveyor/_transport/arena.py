@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._protocol import HELD_BEYOND_PREFETCH
 from ..errors import SharedMemoryExhaustedError
 
 PAGE = mmap.PAGESIZE
@@ -38,13 +37,6 @@ _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 _RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
 _OVERSIZED_MIN_BYTES = 1 << 20  # smaller slots are not worth giving back
-# Small, quick batches run further ahead than prefetch_factor: a worker whose queue never
-# runs dry never sleeps, and on few cores a sleep and wake-up costs as much as the batch.
-# A loader's workers share RUN_AHEAD_BYTES of slots for it; a worker runs ahead only while
-# its batches take under RUN_AHEAD_BATCH_S (so work left over after a break stays short).
-RUN_AHEAD_BYTES = 16 << 20
-RUN_AHEAD_BATCH_S = 0.001
-MAX_RUN_AHEAD = 256  # tasks per worker beyond prefetch, whatever the budget allows
 ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
 SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
@@ -58,35 +50,6 @@ def create_arena_fd(worker_id: int) -> int:
 
 def map_status_page(fd: int) -> memoryview:
     return memoryview(mmap.mmap(fd, PAGE, mmap.MAP_SHARED, offset=0))
-
-
-def run_ahead_bytes(num_workers: int) -> int:
-    """Each worker's share of RUN_AHEAD_BYTES."""
-    return RUN_AHEAD_BYTES // max(1, num_workers)
-
-
-@dataclass(frozen=True)
-class SlotBudget:
-    """How many slots a worker may have: ``max_slots`` of any size (its prefetched
-    tasks' batches and a few the loop keeps), and more while they all fit
-    ``run_ahead_bytes`` (small batches that run ahead, or that the loop keeps)."""
-
-    max_slots: int = 0
-    run_ahead_bytes: int = 0
-
-    @classmethod
-    def for_loader(cls, prefetch: int, num_workers: int, run_ahead: bool) -> SlotBudget:
-        """Each worker's, for ``num_workers`` workers taking ``prefetch`` tasks each."""
-        share = run_ahead_bytes(num_workers) if run_ahead else 0
-        return cls(prefetch + HELD_BEYOND_PREFETCH, share)
-
-
-def run_ahead(slot_bytes: int, base_slots: int, budget: int) -> int:
-    """Tasks a worker may take beyond prefetch for batches in slots of ``slot_bytes``,
-    when it keeps ``base_slots`` slots without running ahead and all of its slots must
-    fit ``budget`` bytes (see RUN_AHEAD_BYTES)."""
-    fit = budget // max(slot_bytes, 1) - base_slots
-    return max(0, min(MAX_RUN_AHEAD, fit))
 
 
 def round_up(n: int, to: int = PAGE) -> int:
@@ -432,85 +395,3 @@ libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_
 libc.munmap.restype = ctypes.c_int
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-ALIGN = 64
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-class SlotLease:
-    """A slot being filled with one batch: collate writes into it, then the encoder.
-
-    Collate asks for output buffers with :meth:`allocate` (a bump allocator);
-    the encoder then :meth:`place`-s every buffer the pickle produced: those
-    already inside the slot stay where they are, the rest are copied after.
-    """
-
-    def __init__(
-        self,
-        slot: SlotInfo,
-        view: np.ndarray,
-        address: int | None = None,
-        arena: WorkerArena | None = None,
-        reserved: int | None = None,
-    ) -> None:
-        """``arena`` reserves pages past the first ``reserved`` bytes as they are
-        written (without one, the whole slot is taken as reserved)."""
-        self.slot = slot
-        self.view = view
-        self.used = 0
-        # The slot's address in this process (the arena knows it: asking the view
-        # costs a microsecond, once per batch).
-        self.base = view.ctypes.data if address is None else address
-        self._arena = arena
-        self._reserved = slot.size if reserved is None or arena is None else reserved
-
-    def _reach(self, end: int) -> None:
-        """Bytes up to ``end`` are about to be written: their pages must be reserved."""
-        if end > self._reserved and self._arena is not None:
-            self._arena.reserve(self.slot.slot_id, end)
-            self._reserved = end
-
-    def allocate(self, nbytes: int) -> np.ndarray | None:
-        start = self.used
-        if start + nbytes > self.slot.size:
-            return None
-        self._reach(start + nbytes)
-        self.used = align(start + nbytes)
-        return self.view[start : start + nbytes]
-
-    def place_arrays(self, arrays: list[np.ndarray]) -> tuple[tuple[int, int], ...] | None:
-        """:meth:`place` for C-contiguous arrays, without a buffer per array."""
-        layout = []
-        for array in arrays:
-            nbytes = array.nbytes
-            offset = array.ctypes.data - self.base if nbytes else 0
-            if not (offset >= 0 and offset + nbytes <= self.used):
-                offset = self.used
-                if offset + nbytes > self.slot.size:
-                    return None
-                self._reach(offset + nbytes)
-                self.view[offset : offset + nbytes] = array.reshape(-1).view(np.uint8)
-                self.used = align(offset + nbytes)
-            layout.append((offset, nbytes))
-        return tuple(layout)
-
-    def place(self, raws: list[memoryview]) -> tuple[tuple[int, int], ...] | None:
-        """Offsets of ``raws`` in the slot, copying those not already there; None if full."""
-        layout = []
-        for raw in raws:
-            nbytes = raw.nbytes
-            source = np.frombuffer(raw, dtype=np.uint8)
-            offset = source.ctypes.data - self.base if nbytes else 0
-            if not (offset >= 0 and offset + nbytes <= self.used):
-                offset = self.used
-                if offset + nbytes > self.slot.size:
-                    return None
-                self._reach(offset + nbytes)
-                self.view[offset : offset + nbytes] = source
-                self.used = align(offset + nbytes)
-            layout.append((offset, nbytes))
-        return tuple(layout)

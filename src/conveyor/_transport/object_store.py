@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .codec import dumps
+from .pickler import dumps
 
 __all__ = ["ObjectStoreBatch", "ObjectStoreEncoder", "StorePayload"]
 

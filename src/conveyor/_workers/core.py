@@ -19,8 +19,7 @@ import dataclasses
 import os
 import pickle
 import time
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from .. import _datapipes, _scope, _torch
 from .._compat import assert_never
@@ -38,7 +37,6 @@ from .._protocol import (
     Task,
     TaskFailed,
     TaskReply,
-    WorkerMessage,
 )
 from .._reseed import Reseed
 from .._scope import GLOBAL_GENERATORS
@@ -48,45 +46,9 @@ from ..collate import default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
 from ..worker_info import WorkerInfo, install_in_torch
 from .remote_error import capture
-from .spec import UserObjects, WorkerSpec
+from .spec import Inbox, Outbox, StatusSink, Transport, UserObjects, WorkerSpec
 
 __all__ = ["STOP", "WorkerCore", "sent"]
-
-
-class Inbox(Protocol):
-    def recv(self) -> MainMessage:
-        """The next message; blocks. EOFError (or OSError) once the main side is gone."""
-        ...
-
-
-class Outbox(Protocol):
-    def send(self, message: WorkerMessage) -> None:
-        """Raises BrokenPipeError (or OSError) once the main side is gone."""
-        ...
-
-
-class StatusSink(Protocol):
-    """Where the core says what it is doing (a process worker's status page)."""
-
-    def begin(self, epoch: int, seq: int) -> None: ...
-    def stage(self, stage: Stage) -> None: ...
-    def position(self, position: int) -> None: ...
-    def idle(self) -> None: ...
-    def stop_requested(self) -> bool: ...
-
-
-class Transport(Protocol):
-    """How a collated batch leaves the core (see conveyor._transport.codec.Encoder)."""
-
-    arrays_as_tensors: bool  # set by the core: NumPy leaves that stand for tensors
-
-    def collating(self) -> AbstractContextManager[Any]:
-        """Entered while collate runs: where stacked arrays are written."""
-        ...
-
-    def encode(self, batch: Any) -> Any:
-        """The payload for ``batch``; raises what pickling raises."""
-        ...
 
 
 STOP = object()  # what handle() returns for a Stop: the core is done

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._transport.arena import SlotBudget
+from .._transport.budget import SlotBudget
 from ..errors import ConfigError
 from .api import PoolFactory
 from .pool import WorkerPool

@@ -24,7 +24,8 @@ import cloudpickle
 
 from .. import _scope, _torch
 from .._protocol import BatchDone, Stage, StartupFailed, WorkerMessage
-from .._transport.arena import SlotBudget, WorkerArena
+from .._transport.arena import WorkerArena
+from .._transport.budget import SlotBudget
 from .._transport.codec import Encoder, SlotPayload
 from .._transport.inherited import release_foreign_memory
 from ..collate import carry_in
@@ -72,6 +73,35 @@ def worker_main(
     (several cores): where faulthandler writes a fatal signal's stacks, so the main
     process can tell which core's thread crashed the process.
     """
+    _become_a_worker(parent_pid, watch, main_thread_started, stack_fd, crash_fd)
+    heap = HeapKeeper()  # before the user's objects allocate: see heap.py
+    if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
+        release_foreign_memory(*(core.arena_fd.fd for core in cores))
+    shells = [_CoreShell(core, heap) for core in cores]
+    try:
+        objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
+    except BaseException as exc:
+        for shell in shells:
+            shell.out.send(StartupFailed(Stage.STARTUP, capture(exc)))
+        return
+    if objects.collate_registrations is not None:
+        # The main process's registries, registrations made in its __main__ included
+        # (not run here), before worker_init_fn can add its own.
+        carry_in(objects.collate_registrations)
+    if len(shells) == 1:
+        shells[0].run(objects, owns_process=True)
+    else:
+        _run_in_threads(shells, objects)
+
+
+def _become_a_worker(
+    parent_pid: int,
+    watch: InheritedFd | None,
+    main_thread_started: bool,
+    stack_fd: InheritedFd,
+    crash_fd: InheritedFd | None,
+) -> None:
+    """What makes this process a worker, before anything of the user's runs."""
     # Ctrl-C reaches the whole process group; the main process alone handles
     # it and stops us, so the user sees one KeyboardInterrupt, not one per worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -90,24 +120,12 @@ def worker_main(
     # out of its garbage collections: each would write to every inherited object's
     # header, copying its page.
     gc.freeze()
-    heap = HeapKeeper()  # before the user's objects allocate: see heap.py
-    if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
-        release_foreign_memory(*(core.arena_fd.fd for core in cores))
-    shells = [_CoreShell(core, heap) for core in cores]
-    try:
-        objects = user if isinstance(user, UserObjects) else _load_user_objects(user)
-    except BaseException as exc:
-        for shell in shells:
-            shell.out.send(StartupFailed(Stage.STARTUP, capture(exc)))
-        return
-    if objects.collate_registrations is not None:
-        # The main process's registries, registrations made in its __main__ included
-        # (not run here), before worker_init_fn can add its own.
-        carry_in(objects.collate_registrations)
-    if len(shells) == 1:
-        shells[0].run(objects, owns_process=True)
-        return
-    _seed_process(cores[0].spec)
+
+
+def _run_in_threads(shells: list[_CoreShell], objects: UserObjects) -> None:
+    """Several cores: each in a thread of its own (the first in this one), each with a
+    dataset of its own; the process's generators seeded once, as its first core's."""
+    _seed_process(shells[0].ends.spec)
     threads = [
         threading.Thread(
             target=shell.run,

@@ -16,33 +16,31 @@ import contextlib
 import os
 import selectors
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from .._protocol import (
-    GONE,
     Blame,
     Bystander,
     Died,
     Own,
     Ready,
-    RoomAhead,
     SeedPipe,
     StartupFailed,
     Stop,
     Task,
     Unknown,
-    WorkerStatus,
 )
-from .._transport.arena import SlotBudget, run_ahead
-from .._transport.codec import InlinePayload, PayloadHandle, SlotPayload
+from .._transport.budget import SlotBudget
+from .._transport.codec import PayloadHandle
 from . import wire
-from .api import Abilities, BatchHandle, PoolEvent, Received
+from .api import Abilities, PoolEvent, Received
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
+from .readings import Readings, RoomsAhead
 from .spec import UserObjects, WorkerSpec
-from .stacks import active_s, crashed_core, dump_stacks, process_uss, thread_stack
+from .stacks import crashed_core
 from .start import modules_to_preload
 from .start_method import StartMethod
 from .status import read_status, request_stop
@@ -55,7 +53,7 @@ _RESULT, _DEATH, _TASK = "result", "death", "task"  # what a selector key watche
 RELEASE_ALONE = 4
 
 
-class WorkerPool:
+class WorkerPool(Readings):
     """Worker processes behind an event interface: :meth:`wait` returns what
     happened (messages, deaths) as values; everything else is asked of the
     pool by worker id."""
@@ -72,7 +70,7 @@ class WorkerPool:
         """``slots``: each worker's (see arena.SlotBudget)."""
         self._workers: list[Worker] = []
         self._slots = slots
-        self._rooms: dict[int, RoomAhead] = {}  # the run-ahead of batches of each slot size
+        self._rooms_ahead = RoomsAhead(slots)
         self._cores = threads_per_worker  # cores per process, each in a thread
         self._dead: set[int] = set()  # cores whose process's death was reported, not restarted
         self._killed: dict[int, int] = {}  # a process the pool killed (its pid) -> for which core
@@ -148,7 +146,7 @@ class WorkerPool:
     @property
     def abilities(self) -> Abilities:
         return Abilities(
-            inspect=self, kill=self.kill, run_ahead=self.room, handles=self.handles,
+            inspect=self, kill=self.kill, run_ahead=self._rooms_ahead, handles=self.handles,
             usage=self, resize=self,
         )  # fmt: skip
 
@@ -300,72 +298,6 @@ class WorkerPool:
             exitcode = host.process.exitcode
             events.append(Died(worker.worker_id, worker.pid, exitcode, status, blame=blame))
         return events
-
-    # --- seeing into workers (Abilities.inspect) -------------------------------------
-
-    def pids(self) -> list[int | None]:
-        """Each core's process (several cores share one with threads_per_worker)."""
-        return [None if i in self._let_go else w.pid for i, w in enumerate(self._workers)]
-
-    def status(self, worker_id: int) -> WorkerStatus:
-        """Gone (retired, dead, or killed and dying) reads as idle: the deadlines never
-        count against a worker that is no longer there."""
-        worker = self._workers[worker_id]
-        if worker_id in self._let_go or worker_id in self._dead or worker.pid in self._killed:
-            return GONE
-        return read_status(worker.arena.status_page)
-
-    def stacks(self, worker_id: int, timeout: float = 2.0) -> str:
-        worker = self._workers[worker_id]
-        if worker.process.exitcode is not None:
-            return ""
-        stacks = dump_stacks(worker.pid, worker.host.stacks, timeout)
-        if len(worker.host.cores) == 1:
-            return stacks
-        return thread_stack(stacks, read_status(worker.arena.status_page).thread)
-
-    # --- what workers use (Abilities.usage) ------------------------------------------
-
-    def active_s(self, worker_id: int) -> float | None:
-        worker = self._workers[worker_id]
-        if len(worker.host.cores) == 1:
-            return active_s(worker.pid)
-        return active_s(worker.pid, read_status(worker.arena.status_page).native_id or None)
-
-    def memory_bytes(self, worker_id: int) -> int | None:
-        """The process's USS, counted at its first core (0 at the others: shared)."""
-        worker = self._workers[worker_id]
-        if worker_id != worker.host.cores[0]:
-            return 0
-        return process_uss(worker.pid)
-
-    def in_memory(self, batches: Iterable[BatchHandle]) -> int:
-        waiting = sum(1 for b in batches if type(cast(PayloadHandle, b).payload) is SlotPayload)
-        return waiting + sum(worker.decoder.batches_alive for worker in self._workers)
-
-    # --- how far workers may run ahead (Abilities.run_ahead) ---------------------------
-
-    def room(self, batch: BatchHandle) -> RoomAhead | None:
-        """What a batch received says of how far its worker may run ahead: for batches in
-        slots of its size, as many tasks as its share of the run-ahead budget holds (the
-        same answer for the same size: decided once); or, for one that came through the
-        pipe because every slot was in use, who holds them."""
-        handle = cast(PayloadHandle, batch)
-        payload = handle.payload
-        if type(payload) is SlotPayload:
-            budget = self._slots
-            if not budget.run_ahead_bytes:
-                return None
-            size = payload.slot.size
-            room = self._rooms.get(size)
-            if room is None:
-                extra = run_ahead(size, budget.max_slots, budget.run_ahead_bytes)
-                room = self._rooms[size] = RoomAhead(size, extra)
-            return room
-        if type(payload) is InlinePayload and payload.slots_exhausted:
-            alive = handle.decoder.batches_alive
-            return RoomAhead(full=True, held_in_worker=payload.held_in_worker, held_by_loop=alive)
-        return None
 
     # --- life and death -------------------------------------------------------------
 

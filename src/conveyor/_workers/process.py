@@ -12,7 +12,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
-from .._transport.arena import MainArena, SlotBudget, create_arena_fd
+from .._transport.arena import MainArena, create_arena_fd
+from .._transport.budget import SlotBudget
 from .._transport.codec import Decoder
 from . import parent_watch
 from .fds import InheritedFd
@@ -167,26 +168,7 @@ def start_worker(
 ) -> list[Worker]:
     """Start one worker process running a core for each of ``specs`` (several: in
     threads), each with ``slots``; its cores, in the order of ``specs``."""
-    made: list[tuple[Connection, Connection, MainArena]] = []  # our ends, for a failed start
-    ends: list[CoreEnds] = []
-    child_ends: list[Connection] = []
-    try:
-        for spec in specs:
-            task_reader, task_writer = context.Pipe(duplex=False)
-            child_ends.append(task_reader)
-            try:
-                result_reader, arena = _results_and_arena(context, spec, child_ends)
-            except BaseException:
-                task_writer.close()
-                raise
-            made.append((task_writer, result_reader, arena))
-            result_writer = child_ends[-1]
-            arena_fd = InheritedFd(arena.fd)
-            ends.append(CoreEnds(spec, task_reader, result_writer, arena_fd, slots))
-        fds = _ProcessFds.open(specs)
-    except BaseException:
-        _close_made(made, child_ends)
-        raise
+    made, ends, child_ends, fds = _open_ends(context, specs, slots)
     payload = _payload(method, user, setup_fd)
     process = context.Process(  # type: ignore[attr-defined]
         target=worker_main,
@@ -217,6 +199,37 @@ def start_worker(
         Worker(spec.worker_id, host, task_writer, result_reader, arena)
         for spec, (task_writer, result_reader, arena) in zip(specs, made, strict=True)
     ]
+
+
+_Ours = tuple[Connection, Connection, MainArena]  # a core's task writer, result reader, arena
+
+
+def _open_ends(
+    context: BaseContext, specs: Sequence[WorkerSpec], slots: SlotBudget
+) -> tuple[list[_Ours], list[CoreEnds], list[Connection], _ProcessFds]:
+    """Each core's pipes and arena (our ends, and the worker's) and the process's
+    descriptors; nothing is left open when one cannot be made (too many open files)."""
+    made: list[_Ours] = []
+    ends: list[CoreEnds] = []
+    child_ends: list[Connection] = []
+    try:
+        for spec in specs:
+            task_reader, task_writer = context.Pipe(duplex=False)
+            child_ends.append(task_reader)
+            try:
+                result_reader, arena = _results_and_arena(context, spec, child_ends)
+            except BaseException:
+                task_writer.close()
+                raise
+            made.append((task_writer, result_reader, arena))
+            result_writer = child_ends[-1]
+            arena_fd = InheritedFd(arena.fd)
+            ends.append(CoreEnds(spec, task_reader, result_writer, arena_fd, slots))
+        fds = _ProcessFds.open(specs)
+    except BaseException:
+        _close_made(made, child_ends)
+        raise
+    return made, ends, child_ends, fds
 
 
 def _payload(

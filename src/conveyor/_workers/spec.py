@@ -1,5 +1,6 @@
-"""Who a worker is and what it serves (:class:`WorkerSpec`), and the user's objects it
-runs (:class:`UserObjects`): what every kind of worker is given to start a core."""
+"""What the shell of every kind of worker gives the core it runs: who the worker is and
+what it serves (:class:`WorkerSpec`), the user's objects (:class:`UserObjects`), and
+what the core works against: an inbox, an outbox, a status sink and a transport."""
 
 from __future__ import annotations
 
@@ -7,14 +8,25 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import _datapipes
+from .._protocol import MainMessage, Stage, WorkerMessage
 from .._supervision import SupervisionPolicy
 from ..collate import Registrations
 
-__all__ = ["SpecSource", "UserObjects", "WorkerSpec", "own_objects"]
+__all__ = [
+    "Inbox",
+    "Outbox",
+    "SpecSource",
+    "StatusSink",
+    "Transport",
+    "UserObjects",
+    "WorkerSpec",
+    "own_objects",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +122,39 @@ def own_objects(user: UserObjects) -> UserObjects:
         # A DataPipe graph is sharded per worker in place: each needs the whole graph.
         dataset = copy.deepcopy(dataset) if _datapipes.is_datapipe(dataset) else copy.copy(dataset)
     return dataclasses.replace(user, dataset=dataset)
+
+
+class Inbox(Protocol):
+    def recv(self) -> MainMessage:
+        """The next message; blocks. EOFError (or OSError) once the main side is gone."""
+        ...
+
+
+class Outbox(Protocol):
+    def send(self, message: WorkerMessage) -> None:
+        """Raises BrokenPipeError (or OSError) once the main side is gone."""
+        ...
+
+
+class StatusSink(Protocol):
+    """Where the core says what it is doing (a process worker's status page)."""
+
+    def begin(self, epoch: int, seq: int) -> None: ...
+    def stage(self, stage: Stage) -> None: ...
+    def position(self, position: int) -> None: ...
+    def idle(self) -> None: ...
+    def stop_requested(self) -> bool: ...
+
+
+class Transport(Protocol):
+    """How a collated batch leaves the core (see conveyor._transport.codec.Encoder)."""
+
+    arrays_as_tensors: bool  # set by the core: NumPy leaves that stand for tensors
+
+    def collating(self) -> AbstractContextManager[Any]:
+        """Entered while collate runs: where stacked arrays are written."""
+        ...
+
+    def encode(self, batch: Any) -> Any:
+        """The payload for ``batch``; raises what pickling raises."""
+        ...

@@ -71,6 +71,13 @@ def diagnose(stats: LoaderStatistics, cpus: int, *, stages: StageTimes | None = 
             "many small objects), or pin in the training step if pin_memory=True costs it.",
         )
     figures = f"{loop}; {workers} worker{'s' if workers > 1 else ''} busy {busy:.0%} of it"
+    return _in_the_workers(stats, times, figures, cpus)
+
+
+def _in_the_workers(stats: LoaderStatistics, times: StageTimes, figures: str, cpus: int) -> Verdict:
+    """The verdict when the workers' own work holds training back: collate, waiting,
+    too few workers, or every core in use."""
+    workers = len(stats.workers)
     worker_s = times.fetch_s + times.collate_s + times.send_s
     if worker_s > 0 and times.collate_s > 0.5 * worker_s:
         return Verdict(
