@@ -20,6 +20,15 @@ _FORKSERVER_SLOW = frozenset({
     "test_round_trip.py", "test_torch_parity.py", "test_streaming_collate.py",
 })  # fmt: skip
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
+# Modules whose tests share something costly or fixed among themselves (a Ray cluster, a
+# torchrun port, ranks of processes, a module fixture): pytest-xdist runs each of them in
+# one worker (``--dist loadgroup``), the rest of the suite test by test.
+_XDIST_GROUPS = {
+    "test_ray_workers.py": "ray", "test_ray_faults.py": "ray",
+    "test_accelerate.py": "accelerate", "test_lightning.py": "lightning",
+    "test_elastic_ranks.py": "ranks", "test_torchvision.py": "torchvision",
+    "test_troubleshooting_examples.py": "troubleshooting",
+}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,12 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Variants that start real workers with ``spawn`` run with ``-m slow`` (CI runs both
-    selections). A spawned worker imports its modules afresh (torch: 1-3 s on two busy
-    cores); forkserver variants, in the default run, already cover objects that reach
-    the workers pickled. Unit tests keep every variant: they start workers rarely, and
-    briefly."""
+    """Groups for pytest-xdist (see ``_XDIST_GROUPS``). Variants that start real workers
+    with ``spawn`` run with ``-m slow`` (CI runs both selections). A spawned worker
+    imports its modules afresh (torch: 1-3 s on two busy cores); forkserver variants, in
+    the default run, already cover objects that reach the workers pickled. Unit tests keep
+    every variant: they start workers rarely, and briefly."""
     for item in items:
+        group = _XDIST_GROUPS.get(Path(str(item.path)).name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         callspec = getattr(item, "callspec", None)
         if callspec is None or _UNIT in Path(str(item.path)).parents:
             continue
