@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +36,18 @@ def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C raises KeyboardInterrupt here and in every child the tests start, as in a
     terminal: a shell without job control (CI's background lanes) starts its jobs with
     SIGINT ignored, which children would inherit, and the tests that send a real SIGINT
-    would then wait forever for it."""
+    would then wait forever for it.
+
+    On Python 3.12+ the tests run in this process (no pytest-xdist workers): a worker
+    always has execnet's threads (started with ``_thread``: not in ``threading``), so
+    each fork a test makes would warn that the process is multi-threaded, and the tests
+    that record every warning a loader gives would see that one too. (This runs before
+    pytest-xdist's own configure, which then starts no worker.)"""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.version_info >= (3, 12) and getattr(config.option, "numprocesses", None):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
 
 
 @pytest.hookimpl(tryfirst=True)
