@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,25 +21,46 @@ _FORKSERVER_SLOW = frozenset({
     "test_round_trip.py", "test_torch_parity.py", "test_streaming_collate.py",
 })  # fmt: skip
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
+# Modules whose tests share something costly or fixed among themselves (a Ray cluster, a
+# torchrun port, ranks of processes, a module fixture): pytest-xdist runs each of them in
+# one worker (``--dist loadgroup``), the rest of the suite test by test.
+_XDIST_GROUPS = {
+    "test_ray_workers.py": "ray", "test_ray_faults.py": "ray",
+    "test_accelerate.py": "accelerate", "test_lightning.py": "lightning",
+    "test_elastic_ranks.py": "ranks", "test_torchvision.py": "torchvision",
+    "test_troubleshooting_examples.py": "troubleshooting",
+}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C raises KeyboardInterrupt here and in every child the tests start, as in a
     terminal: a shell without job control (CI's background lanes) starts its jobs with
     SIGINT ignored, which children would inherit, and the tests that send a real SIGINT
-    would then wait forever for it."""
+    would then wait forever for it.
+
+    On Python 3.12+ the tests run in this process (no pytest-xdist workers): a worker
+    always has execnet's threads (started with ``_thread``: not in ``threading``), so
+    each fork a test makes would warn that the process is multi-threaded, and the tests
+    that record every warning a loader gives would see that one too. (This runs before
+    pytest-xdist's own configure, which then starts no worker.)"""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.version_info >= (3, 12) and getattr(config.option, "numprocesses", None):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Variants that start real workers with ``spawn`` run with ``-m slow`` (CI runs both
-    selections). A spawned worker imports its modules afresh (torch: 1-3 s on two busy
-    cores); forkserver variants, in the default run, already cover objects that reach
-    the workers pickled. Unit tests keep every variant: they start workers rarely, and
-    briefly."""
+    """Groups for pytest-xdist (see ``_XDIST_GROUPS``). Variants that start real workers
+    with ``spawn`` run with ``-m slow`` (CI runs both selections). A spawned worker
+    imports its modules afresh (torch: 1-3 s on two busy cores); forkserver variants, in
+    the default run, already cover objects that reach the workers pickled. Unit tests keep
+    every variant: they start workers rarely, and briefly."""
     for item in items:
+        group = _XDIST_GROUPS.get(Path(str(item.path)).name)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         callspec = getattr(item, "callspec", None)
         if callspec is None or _UNIT in Path(str(item.path)).parents:
             continue

@@ -275,6 +275,8 @@ class TaskRunner:
         if self.rows is None or not indices:  # (an empty batch: collate says what it is)
             return None
         size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
+        if size == 0:  # every sample left out: nothing to write (nor to fetch)
+            return None
         return self.rows.begin(size, collating)
 
     def _stream(
@@ -293,8 +295,7 @@ class TaskRunner:
         left_out: list[LeftOut] = []
         skipped: set[int] = set()  # their positions
         rest: list[Any] | None = None  # samples collated as before, once one did not fit
-        # (every sample excluded: ``wanted`` is empty, and nothing is fetched)
-        for position, i in enumerate(indices) if wanted is None else wanted:
+        for position, i in wanted if wanted is not None else enumerate(indices):
             if on_position is not None:
                 on_position(position)
             try:

@@ -76,3 +76,7 @@ if __name__ == "__main__":
         enable_model_summary=False,
     )
     trainer.fit(Model(sys.argv[1], sys.argv[2]))
+    # As a training script should: Lightning leaves gloo's process group (and its threads)
+    # to the interpreter's exit, where torch 2.14 aborts now and then.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -80,3 +80,5 @@ if __name__ == "__main__":
         callbacks=[] if resume else [Preempt(f"{out}.ckpt")],
     )
     trainer.fit(Model(f"{out}.{run}"), ckpt_path=resume)
+    if torch.distributed.is_initialized():  # see lightning_ddp.py
+        torch.distributed.destroy_process_group()
