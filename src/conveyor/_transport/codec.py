@@ -353,15 +353,22 @@ class Decoder:
 
 class PayloadHandle:
     """A payload not yet decoded, with the decoder of the worker that sent it (which may
-    be replaced before the batch is handed out): the process pool's batch handle."""
+    be replaced before the batch is handed out): the process pool's batch handle.
+    ``opening`` runs first, on the thread that hands batches out (the pool sends the
+    slots freed since: the batch handed out before is usually gone by now)."""
 
-    __slots__ = ("decoder", "payload")
+    __slots__ = ("decoder", "opening", "payload")
 
-    def __init__(self, decoder: Decoder, payload: Payload) -> None:
+    def __init__(
+        self, decoder: Decoder, payload: Payload, opening: Callable[[], None] | None = None
+    ) -> None:
         self.decoder = decoder
         self.payload = payload
+        self.opening = opening
 
     def open(self) -> Any:
+        if self.opening is not None:
+            self.opening()
         return self.decoder.decode(self.payload)
 
     def discard(self) -> None:

@@ -21,15 +21,18 @@ from dataclasses import replace
 from typing import Any
 
 from .._protocol import (
+    BatchDone,
     Blame,
     Bystander,
     Died,
+    IterationEnded,
     Own,
     Ready,
     SeedPipe,
     StartupFailed,
     Stop,
     Task,
+    TaskFailed,
     Unknown,
 )
 from .._transport.budget import SlotBudget
@@ -49,8 +52,12 @@ from .user_objects import serialize_once
 
 _RESULT, _DEATH, _TASK = "result", "death", "task"  # what a selector key watches
 # Slots freed go to their worker with its next task; this many pending at once (a
-# discarded epoch, the end of an epoch when no task follows) go in a message of their own.
+# discarded epoch) go in a frame of their own, as do any for a worker with no task left
+# to answer: one that ran ahead to the end of its epoch gets no task to carry them, and
+# would keep an outlier's slot until the next epoch. Looked at as tasks are sent, as the
+# pool waits and as each batch is handed out.
 RELEASE_ALONE = 4
+_ANSWERS = (BatchDone, IterationEnded, TaskFailed)  # a task's last message
 
 
 class WorkerPool(Readings):
@@ -160,6 +167,7 @@ class WorkerPool(Readings):
         if type(message) is Task:
             released = worker.take_releases() if worker.pending_releases else ()
             self._write(worker, wire.encode_task(message, released))
+            worker.unanswered += 1
             self._release_alone()
             return
         assert isinstance(message, SeedPipe)
@@ -167,10 +175,11 @@ class WorkerPool(Readings):
         self._write(worker, wire.encode(message))
 
     def _release_alone(self) -> None:
-        """Slots freed in a number no task is carrying (see RELEASE_ALONE): to their
-        workers now, in a frame of their own."""
+        """Slots freed that no task is carrying (see RELEASE_ALONE): to their workers
+        now, in a frame of their own."""
         for worker in self._serving():
-            if len(worker.pending_releases) >= RELEASE_ALONE:
+            pending = len(worker.pending_releases)
+            if pending >= RELEASE_ALONE or (pending and not worker.unanswered):
                 self._write(worker, wire.encode_released(worker.take_releases()))
 
     @staticmethod
@@ -246,7 +255,9 @@ class WorkerPool(Readings):
     def _received(self, worker: Worker, messages: list[Any]) -> list[PoolEvent]:
         events: list[PoolEvent] = []
         for message in messages:
-            if isinstance(message, (Ready, StartupFailed)):
+            if isinstance(message, _ANSWERS):
+                worker.unanswered -= 1
+            elif isinstance(message, (Ready, StartupFailed)):
                 self._loaded(worker.worker_id)
             payload = getattr(message, "payload", None)
             if payload is None:
@@ -257,7 +268,7 @@ class WorkerPool(Readings):
                 # Map on receipt: the batch stays readable if the worker dies before
                 # the user takes it (the fd is closed when the worker is replaced).
                 worker.arena.view(slot)
-            handle = PayloadHandle(worker.decoder, payload)
+            handle = PayloadHandle(worker.decoder, payload, self._release_alone)
             events.append(Received(worker.worker_id, message, handle))
         return events
 

@@ -120,6 +120,7 @@ class Worker:
     outbox: Outbox = field(init=False)
     reader: FrameReader = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
+    unanswered: int = 0  # tasks sent that no reply has answered yet
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)
