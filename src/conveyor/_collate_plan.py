@@ -1,7 +1,7 @@
 """The plan of a streamed batch: one node per place in the samples' structure.
 
 The plan is made from a batch's first sample (:func:`make_plan`), choosing at each place the
-rule ``collate.py``'s ``_collate`` would choose: an array or tensor big enough to be worth
+rule ``_collate_walk.collate_at`` would choose: an array or tensor big enough to be worth
 it is written into its row of the batch as each sample comes (:class:`Rows`); every other
 leaf, and every container collate cannot stream, is kept as the column of its values
 (:class:`Column`) and collated at the end by ``default_collate``'s own rule for it. A
@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from conveyor import _collate_leaves as _leaves
-from conveyor import collate as _collate
 from conveyor._collate_errors import Attr
 from conveyor._collate_leaves import NATIVE_DTYPES, NP_SCALARS, _out_buffer
 from conveyor._collate_registry import Rule
+from conveyor._collate_walk import collate_at
 
 __all__ = ["STREAM_MIN_BYTES", "BatchMemory", "Column", "Node", "Rows", "make_plan", "rows_of"]
 
@@ -91,7 +91,7 @@ class Column(Node):
         return self.values[row]
 
     def finish(self, rows: int, leaves: Any, rules: Any) -> Any:
-        return _collate.collate_column(self.values, self.path, leaves, rules)
+        return collate_at(self.values, self.path, leaves, rules)
 
 
 class Rows(Node):
@@ -250,8 +250,8 @@ class _Sequence(Node):
 
 
 def make_plan(elem: Any, path: tuple[Any, ...], leaves: Any, rules: Any) -> Node:
-    """The node for ``elem`` (the first sample's value at ``path``), chosen as collate.py's
-    ``_collate`` chooses its rule."""
+    """The node for ``elem`` (the first sample's value at ``path``), chosen as
+    ``collate_at`` chooses its rule."""
     if rules is None:
         torch = _leaves.torch
         if torch is not None and isinstance(elem, torch.Tensor):
