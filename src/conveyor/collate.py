@@ -48,6 +48,9 @@ from conveyor._collate_leaves import Leaves as _Leaves
 from conveyor._collate_leaves import NeedsTorch as _NeedsTorch
 from conveyor._collate_registry import CollateFnMap, Dispatch, Registrations, Registries, Rule
 
+# The walk's own switch, set for a worker core's scope; importable from here as before.
+from conveyor._collate_walk import make_tensors_in_main as make_tensors_in_main
+
 torch: Any = _torch.load()  # None without torch, or in a worker that defers it
 
 __all__ = [

@@ -22,15 +22,8 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar, cast
 
+from . import _rng_backends as _draws
 from . import _torch
-from ._rng_backends import (
-    UsesGenerator,
-    as_weights,
-    multinomial,
-    permutation,
-    private_generator,
-    randint,
-)
 from ._seeds import WorkerSeeds, draw_base_seed, worker_seeds
 from .stateful import is_stateful
 
@@ -96,7 +89,7 @@ class SequentialSampler(*_torch_twin("SequentialSampler"), Sampler[int]):  # typ
         return len(self.data_source)
 
 
-class RandomSampler(UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):  # type: ignore[misc]
+class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields indices of ``data_source`` in random order.
 
     Without replacement, ``num_samples`` indices are taken from successive
@@ -137,23 +130,23 @@ class RandomSampler(UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.data_source)
-        rng = self._rng if self._rng is not None else private_generator()
+        rng = self._rng if self._rng is not None else _draws.private_generator()
         total = self.num_samples
         if self.replacement:
             for _ in range(total // _REPLACEMENT_CHUNK):
-                yield from randint(rng, n, _REPLACEMENT_CHUNK)
-            yield from randint(rng, n, total % _REPLACEMENT_CHUNK)
+                yield from _draws.randint(rng, n, _REPLACEMENT_CHUNK)
+            yield from _draws.randint(rng, n, total % _REPLACEMENT_CHUNK)
         else:
             for _ in range(total // n):
-                yield from permutation(rng, n)
-            yield from permutation(rng, n)[: total % n]
+                yield from _draws.permutation(rng, n)
+            yield from _draws.permutation(rng, n)[: total % n]
 
     def __len__(self) -> int:
         return self.num_samples
 
 
 class SubsetRandomSampler(
-    UsesGenerator,
+    _draws.UsesGenerator,
     *_torch_twin("SubsetRandomSampler"),  # type: ignore[misc]
     Sampler[int],
 ):
@@ -166,7 +159,7 @@ class SubsetRandomSampler(
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        for position in permutation(self._rng, len(self.indices)):
+        for position in _draws.permutation(self._rng, len(self.indices)):
             yield self.indices[position]
 
     def __len__(self) -> int:
@@ -174,7 +167,7 @@ class SubsetRandomSampler(
 
 
 class WeightedRandomSampler(
-    UsesGenerator,
+    _draws.UsesGenerator,
     *_torch_twin("WeightedRandomSampler"),  # type: ignore[misc]
     Sampler[int],
 ):
@@ -203,7 +196,7 @@ class WeightedRandomSampler(
             raise ValueError(
                 f"replacement should be a boolean value, but got replacement={replacement}"
             )
-        as_array = as_weights(weights)
+        as_array = _draws.as_weights(weights)
         if len(as_array.shape) != 1:
             raise ValueError(
                 "weights should be a 1d sequence but given "
@@ -215,7 +208,7 @@ class WeightedRandomSampler(
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        yield from multinomial(self._rng, self.weights, self.num_samples, self.replacement)
+        yield from _draws.multinomial(self._rng, self.weights, self.num_samples, self.replacement)
 
     def __len__(self) -> int:
         return self.num_samples
