@@ -233,7 +233,7 @@ class NeedsTorch(Exception):
 
 
 class DeferredLeaves(NumpyLeaves):
-    """In a worker: NumPy, where that is exactly torch (see make_tensors_in_main).
+    """In a worker: NumPy, where that is exactly torch (see _collate_walk.make_tensors_in_main).
 
     Each rule here gives the values, dtype and shape torch's would (the main
     process turns the arrays into tensors as it unpickles them). Anything

@@ -170,3 +170,22 @@ class IterableFetcher:
         if not data or (self.drop_last and len(data) < wanted):
             raise StopIteration
         return data
+
+
+def stop_in_getitem(
+    exc: StopIteration, indices: list[Any] | None, culprit: Culprit | None
+) -> RuntimeError:
+    """A map-style ``__getitem__`` raised StopIteration: raised as it is, it would end the
+    epoch early without a word (torch's loop just stops), so it becomes an error, as
+    Python does for a generator (PEP 479)."""
+    where = f"dataset indices {indices}"
+    if culprit is not None and len(culprit.indices) == 1 and indices != list(culprit.indices):
+        where = f"dataset index {culprit.indices[0]!r} (in the batch of {where})"
+    error = RuntimeError(
+        f"The dataset raised StopIteration while fetching {where}. In a "
+        "map-style dataset that would silently end the epoch early, so conveyor raises it "
+        "instead. Fix: raise IndexError (or another exception) for a bad index, or make "
+        "the dataset an IterableDataset if it is a stream."
+    )
+    error.__cause__ = exc
+    return error

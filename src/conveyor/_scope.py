@@ -173,7 +173,7 @@ class WorkerScope:
     """One core's state (see the module docstring). Compared by identity."""
 
     info: WorkerInfo | None = None
-    # Our collate leaves tensors to the main process (see collate.make_tensors_in_main).
+    # Our collate leaves tensors to the main process (see _collate_walk.make_tensors_in_main).
     tensors_in_main: bool = False
     # The dataset asked get_worker_info() (ours or torch's): it probably shards.
     consulted: bool = False

@@ -3,7 +3,9 @@
 The same runner serves the main process (``num_workers=0``) and every worker,
 so both follow torch's fetching rules (``__getitems__``, iterable datasets
 filling a batch, ``drop_last``) and conveyor's skipping rules alike. It
-raises nothing from user code: every outcome is a value the caller acts on.
+raises nothing from user code: every outcome is a value the caller acts on
+(``_task_outcomes.py``, re-exported here). Where samples are written into their rows
+as they come, the fetch is ``_task_stream.py``'s.
 """
 
 from __future__ import annotations
@@ -13,15 +15,26 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from . import _task_stream
 from ._collate_errors import collate_context
 from ._collate_rows import RowBatch, RowWriter
 from ._dataset_state import WorkerState
-from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices
+from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices, stop_in_getitem
 from ._protocol import Stage
 from ._reseed import Reseed
-from .errors import CollateError, Culprit
+from ._task_outcomes import (
+    UNWATCHED,
+    Collated,
+    Exhausted,
+    Failed,
+    LeftOut,
+    NothingLeft,
+    TaskOutcome,
+    Watcher,
+    batch_failed,
+)
 from .stateful import is_stateful, load_into, save_of
 
 __all__ = [
@@ -34,64 +47,6 @@ __all__ = [
     "TaskRunner",
     "Watcher",
 ]
-
-
-class Watcher(Protocol):
-    """Told where the runner is: its stage, and on a traced retry which sample (a
-    worker's status page watches)."""
-
-    def stage(self, stage: Stage) -> None: ...
-
-    def position(self, position: int) -> None: ...
-
-
-class _Unwatched:
-    def stage(self, stage: Stage) -> None:
-        pass
-
-    def position(self, position: int) -> None:
-        pass
-
-
-UNWATCHED: Watcher = _Unwatched()
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """A sample left out of its batch under ``on_error="skip"``."""
-
-    index: Any
-    stage: Stage
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class Collated:
-    batch: Any
-    indices: list[Any] | None  # dataset indices in the batch; None for iterable datasets
-    left_out: tuple[LeftOut, ...] = ()
-
-
-@dataclass(frozen=True)
-class NothingLeft:
-    """Every sample of the batch was left out (or excluded up front)."""
-
-    left_out: tuple[LeftOut, ...] = ()
-
-
-@dataclass(frozen=True)
-class Failed:
-    stage: Stage
-    error: BaseException
-    culprit: Culprit | None = None  # the sample that raised, where known
-
-
-@dataclass(frozen=True)
-class Exhausted:
-    """An iterable-style dataset's iterator can give no further batch this epoch."""
-
-
-TaskOutcome = Collated | NothingLeft | Failed | Exhausted
 
 
 class TaskRunner:
@@ -178,15 +133,17 @@ class TaskRunner:
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
         on_position = _position_hook(watcher if trace else None, reseed)
-        fetched: _Streamed | _Fetched | TaskOutcome
+        fetched: _task_stream.Streamed | _Fetched | TaskOutcome
         streaming = self._streaming(indices, exclude, collating)
         if streaming is not None:
             assert indices is not None
-            fetched = self._stream(streaming, indices, exclude, on_position)
+            fetched = _task_stream.stream(
+                self.dataset, streaming, indices, exclude, on_position, skip_errors=self.skip_errors
+            )
         else:
             one_by_one = bool(trace or exclude or per_sample)
             fetched = self._fetch(index, indices, exclude, one_by_one, on_position, reseed)
-        if not isinstance(fetched, (_Streamed, _Fetched)):
+        if not isinstance(fetched, (_task_stream.Streamed, _Fetched)):
             return fetched
         collating_from = time.monotonic()
         self.fetch_s = collating_from - started
@@ -194,8 +151,8 @@ class TaskRunner:
         if per_sample:
             assert reseed is not None
             reseed.before_collate()
-        if isinstance(fetched, _Streamed):
-            outcome = self._finish(fetched)
+        if isinstance(fetched, _task_stream.Streamed):
+            outcome = _task_stream.finish(fetched, self.collate_fn, skip_errors=self.skip_errors)
         else:
             outcome = self._collate(fetched, collating)
         self.collate_s = time.monotonic() - collating_from
@@ -242,11 +199,11 @@ class TaskRunner:
         except StopIteration as exc:
             if self.iterable:
                 return Exhausted()
-            return Failed(Stage.FETCH, _stop_in_getitem(exc, indices, None))
+            return Failed(Stage.FETCH, stop_in_getitem(exc, indices, None))
         except FetchError as failed:
             error, culprit = failed.error, failed.culprit
             if isinstance(error, StopIteration) and not self.iterable:
-                error = _stop_in_getitem(error, indices, culprit)
+                error = stop_in_getitem(error, indices, culprit)
             return Failed(Stage.FETCH, error, culprit)
         except Exception as exc:
             return Failed(Stage.FETCH, exc)
@@ -271,83 +228,13 @@ class TaskRunner:
         exclude: tuple[Any, ...],
         collating: Callable[[], AbstractContextManager[Any]],
     ) -> RowBatch | None:
-        """A batch to write sample by sample (see _collate_rows), or None: as before."""
+        """A batch to write sample by sample (see _task_stream), or None: as before."""
         if self.rows is None or not indices:  # (an empty batch: collate says what it is)
             return None
         size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)
         if size == 0:  # every sample left out: nothing to write (nor to fetch)
             return None
         return self.rows.begin(size, collating)
-
-    def _stream(
-        self,
-        batch: RowBatch,
-        indices: list[Any],
-        exclude: tuple[Any, ...],
-        on_position: Callable[[int], None] | None,
-    ) -> _Streamed | NothingLeft | Failed:
-        """Fetch each sample and write it into its row at once (see _collate_rows): what
-        was fetched, or the failure that ends the batch. From the first sample that does
-        not fit the batch's plan on, samples are kept as they are (those before rebuilt
-        from their rows), and the batch is collated as before."""
-        dataset, write = self.dataset, batch.write
-        wanted = [(p, i) for p, i in enumerate(indices) if i not in exclude] if exclude else None
-        left_out: list[LeftOut] = []
-        skipped: set[int] = set()  # their positions
-        rest: list[Any] | None = None  # samples collated as before, once one did not fit
-        for position, i in wanted if wanted is not None else enumerate(indices):
-            if on_position is not None:
-                on_position(position)
-            try:
-                sample = dataset[i]
-            except Exception as exc:
-                if not self.skip_errors:
-                    culprit = Culprit((i,))
-                    if isinstance(exc, StopIteration):
-                        exc = _stop_in_getitem(exc, indices, culprit)
-                    return Failed(Stage.FETCH, exc, culprit)
-                left_out.append(LeftOut(i, Stage.FETCH, exc))
-                skipped.add(position)
-                continue
-            if rest is not None:
-                rest.append(sample)
-                continue
-            try:
-                written = write(sample)
-            except Exception:  # it does not fit the plan (whatever it is)
-                written = False
-            if not written:
-                rest = [*batch.samples(), sample]
-                continue
-            # Its memory goes back now, for the next sample to reuse while it is in cache.
-            del sample
-            if batch.rows == 1:
-                batch.first_dropped()
-        if skipped:
-            pairs = enumerate(indices) if wanted is None else wanted
-            kept = [i for p, i in pairs if p not in skipped]
-        else:
-            kept = indices if wanted is None else [i for _, i in wanted]
-        if not kept:
-            return NothingLeft(tuple(left_out))
-        return _Streamed(batch, kept, left_out, rest)
-
-    def _finish(self, streamed: _Streamed) -> TaskOutcome:
-        """The streamed batch made whole, or collated as before where it must be."""
-        batch, kept, rest = streamed.batch, streamed.kept, streamed.rest
-        left_out = tuple(streamed.left_out)
-        with collate_context(kept):
-            if rest is None:
-                try:
-                    return Collated(batch.finish(), kept, left_out)
-                except Exception:  # the collate function's own rules say what happens
-                    rest = batch.samples()
-            try:
-                with batch.context():
-                    made = self.collate_fn(rest)
-            except Exception as exc:
-                return self.batch_failed(Stage.COLLATE, exc, kept, left_out)
-        return Collated(made, kept, left_out)
 
     def batch_failed(
         self,
@@ -358,11 +245,7 @@ class TaskRunner:
     ) -> NothingLeft | Failed:
         """A batch failed after fetching (collate, transfer): under ``"skip"`` each
         of its samples is left out with the error; otherwise the task fails."""
-        if self.skip_errors and indices:
-            return NothingLeft((*left_out, *(LeftOut(i, stage, error) for i in indices)))
-        # default_collate names the samples at fault when only some are (a missing key).
-        culprits = error.culprits if isinstance(error, CollateError) else ()
-        return Failed(stage, error, Culprit(culprits) if culprits else None)
+        return batch_failed(stage, error, indices, left_out, skip_errors=self.skip_errors)
 
 
 _NOT_FETCHED = object()
@@ -377,16 +260,6 @@ class _Fetched:
     left_out: tuple[LeftOut, ...] = ()
 
 
-@dataclass
-class _Streamed:
-    """What a streamed fetch gathered (see TaskRunner._stream)."""
-
-    batch: RowBatch
-    kept: list[Any]  # dataset indices fetched
-    left_out: list[LeftOut]  # samples that failed (skipped)
-    rest: list[Any] | None  # samples to collate as before, once one did not fit
-
-
 def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[int], None] | None:
     """What runs before each sample of a sample-by-sample fetch."""
     if reseed is None or reseed.mode != "sample":
@@ -399,22 +272,3 @@ def _position_hook(watcher: Watcher | None, reseed: Reseed | None) -> Callable[[
         reseed.before_sample(position)
 
     return both
-
-
-def _stop_in_getitem(
-    exc: StopIteration, indices: list[Any] | None, culprit: Culprit | None
-) -> RuntimeError:
-    """A map-style ``__getitem__`` raised StopIteration: raised as it is, it would end the
-    epoch early without a word (torch's loop just stops), so it becomes an error, as
-    Python does for a generator (PEP 479)."""
-    where = f"dataset indices {indices}"
-    if culprit is not None and len(culprit.indices) == 1 and indices != list(culprit.indices):
-        where = f"dataset index {culprit.indices[0]!r} (in the batch of {where})"
-    error = RuntimeError(
-        f"The dataset raised StopIteration while fetching {where}. In a "
-        "map-style dataset that would silently end the epoch early, so conveyor raises it "
-        "instead. Fix: raise IndexError (or another exception) for a bad index, or make "
-        "the dataset an IterableDataset if it is a stream."
-    )
-    error.__cause__ = exc
-    return error

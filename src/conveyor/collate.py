@@ -22,20 +22,23 @@ workers too. See docs/design.md, "Collate registries".
 
 :data:`OUTPUT_ALLOCATOR` lets a transport supply the memory that stacked arrays
 are written into, so they can travel without another copy.
+
+This module chooses how a batch is collated here and now: torch's leaf rules or NumPy's
+(or NumPy's, deferring tensors to the main process, in a worker), and which registries
+apply. The walk itself, each element to its rule, is ``_collate_walk.py``'s.
 """
 
 from __future__ import annotations
 
-import copy
 import sys
-from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from conveyor import _collate_errors as _err
 from conveyor import _collate_leaves as _leaves
-from conveyor import _scope, _torch
+from conveyor import _collate_walk as _walk
+from conveyor import _torch
 from conveyor._collate_errors import collate_context
 from conveyor._collate_leaves import DEFERRED as _DEFERRED
 from conveyor._collate_leaves import NP_SCALARS as _NP_SCALARS
@@ -43,7 +46,10 @@ from conveyor._collate_leaves import NUMPY as _NUMPY
 from conveyor._collate_leaves import OUTPUT_ALLOCATOR, Allocator
 from conveyor._collate_leaves import Leaves as _Leaves
 from conveyor._collate_leaves import NeedsTorch as _NeedsTorch
-from conveyor._collate_registry import Call, CollateFnMap, Dispatch, Registrations, Registries, Rule
+from conveyor._collate_registry import CollateFnMap, Dispatch, Registrations, Registries, Rule
+
+# The walk's own switch, set for a worker core's scope; importable from here as before.
+from conveyor._collate_walk import make_tensors_in_main as make_tensors_in_main
 
 torch: Any = _torch.load()  # None without torch, or in a worker that defers it
 
@@ -74,157 +80,16 @@ def _adopt_torch() -> Any:
 _DEFAULT: _Leaves = _NUMPY
 
 
-def make_tensors_in_main(enabled: bool) -> None:
-    """In a worker: stack into NumPy wherever that is exactly torch's result.
-
-    The worker's transport then marks the arrays, and the main process makes
-    the tensors while unpickling (``torch.from_numpy``, no copy): building
-    tensors here only to take them apart for sending would cost more than
-    the stacking itself for small samples. Set for the current worker core only.
-    """
-    scope = _scope.current()
-    if scope is None:
-        raise RuntimeError("make_tensors_in_main is for a worker core's own scope")
-    scope.tensors_in_main = enabled
-
-
-def _tensors_in_main() -> bool:
-    scope = _scope.current()
-    return scope is not None and scope.tensors_in_main
-
-
 def _default_leaves() -> _Leaves:
     if torch is None and "torch" in sys.modules:
         _adopt_torch()  # the user's code imported torch: recognise its tensors
-    if _tensors_in_main():
+    if _walk.tensors_in_main():
         return _DEFERRED
     if torch is None:
         # Called from a user's own collate_fn in a worker deferring torch: the
         # main process will not convert, so torch's tensors are needed here.
         return _adopt_torch()
     return _DEFAULT
-
-
-def _collate(
-    batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Dispatch | None
-) -> Any:
-    """Collate ``batch`` at ``path``; ``rules``: the registries' lookup, None when
-    they hold only the defaults (the built-in rules below give the same result)."""
-    elem = batch[0]
-    if rules is None:
-        if torch is not None and isinstance(elem, torch.Tensor):
-            return leaves.tensor(batch, path)
-        if isinstance(elem, np.ndarray):
-            return leaves.array(batch, path)
-        if isinstance(elem, _NP_SCALARS):
-            return leaves.scalar(batch, path)
-        if isinstance(elem, float):
-            return leaves.float_(batch, path)
-        if isinstance(elem, int):
-            return leaves.int_(batch, path)
-        if isinstance(elem, (str, bytes)):
-            return batch
-    else:
-        action = rules.action(elem)
-        if isinstance(action, Call):
-            return _call(action, batch, path, leaves)
-        if action is not None:
-            return _by_rule(action, batch, path, leaves, rules)
-    if isinstance(elem, Mapping):
-        out: dict[Any, Any] = {}
-        for key in elem:
-            try:
-                column = [d[key] for d in batch]
-            except Exception as exc:
-                _err.raise_gather(batch, path, key, exc)
-            out[key] = _collate(column, (*path, key), leaves, rules)
-        return _rebuild_mapping(elem, out)
-    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        try:
-            columns = list(zip(*batch, strict=False))
-        except Exception as exc:
-            _err.raise_not_sequence(batch, path, exc)
-        names = [_err.Attr(f) for f in elem._fields]
-        return type(elem)(
-            *(_collate(c, (*path, n), leaves, rules) for c, n in zip(columns, names, strict=True))
-        )
-    if isinstance(elem, Sequence):
-        try:
-            columns = list(zip(*batch, strict=True))
-        except ValueError:
-            _err.raise_lengths(batch, path)
-        except TypeError as exc:
-            _err.raise_not_sequence(batch, path, exc)
-        items = [_collate(c, (*path, i), leaves, rules) for i, c in enumerate(columns)]
-        return items if isinstance(elem, tuple) else _rebuild_sequence(elem, items)
-    _err.raise_unsupported(batch, path)
-
-
-def _by_rule(
-    rule: Rule, batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Any
-) -> Any:
-    """A built-in rule, found in a registry (a default function stands for it)."""
-    if rule is Rule.TENSOR:
-        return leaves.tensor(batch, path)
-    if rule is Rule.ARRAY:
-        if rules is not None and rules.tensor_custom and leaves is not _NUMPY:
-            # torch turns the arrays into tensors and collates those through the map.
-            if leaves is _DEFERRED:
-                raise _NeedsTorch
-            if batch[0].dtype.kind in "SUO":
-                _err.raise_unsupported(batch, path, batch[0].dtype)
-            try:
-                tensors = [torch.as_tensor(a) for a in batch]
-            except Exception as exc:
-                _err.raise_leaf(batch, path, exc)
-            return _collate(tensors, path, leaves, rules)
-        return leaves.array(batch, path)
-    if rule is Rule.SCALAR:
-        return leaves.scalar(batch, path)
-    if rule is Rule.FLOAT:
-        return leaves.float_(batch, path)
-    if rule is Rule.INT:
-        return leaves.int_(batch, path)
-    return batch  # Rule.STR
-
-
-def _call(call: Call, batch: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves) -> Any:
-    """A registered function, run where torch runs it: here, on the samples."""
-    if leaves is _DEFERRED:
-        raise _NeedsTorch  # what it returns must reach the main process as it is
-    if _tensors_in_main():
-        # A worker that defers torch: from now on it builds torch's batches itself,
-        # and the transport sends NumPy arrays as arrays (see _workers/core.py).
-        make_tensors_in_main(False)
-    try:
-        return call.fn(batch, collate_fn_map=call.collate_fn_map)
-    except Exception as exc:
-        _err.raise_registered(exc, call.fn, call.key, path, len(batch))
-
-
-def _rebuild_mapping(elem: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
-    """A mapping like ``elem`` holding ``items``; a dict when that is not possible."""
-    try:
-        if isinstance(elem, MutableMapping):
-            clone = copy.copy(elem)
-            clone.update(items)
-            return clone
-        return type(elem)(items)  # type: ignore[call-arg]
-    except TypeError:
-        return items
-
-
-def _rebuild_sequence(elem: Sequence[Any], items: list[Any]) -> Any:
-    """A sequence like ``elem`` holding ``items``; a list when that is not possible."""
-    try:
-        if isinstance(elem, MutableSequence):
-            clone = copy.copy(elem)
-            for i, item in enumerate(items):
-                clone[i] = item
-            return clone
-        return type(elem)(items)  # type: ignore[call-arg]
-    except TypeError:
-        return items
 
 
 def _first(batch: Sequence[Any]) -> None:
@@ -253,11 +118,11 @@ def default_collate(batch: Sequence[Any]) -> Any:
     rules = _registry.both()
     if leaves is _DEFERRED:
         try:
-            return _collate(batch, (), leaves, rules)
+            return _walk.collate_at(batch, (), leaves, rules)
         except _NeedsTorch:
             leaves = _adopt_torch() if torch is None else _DEFAULT
             rules = _registry.both()  # with torch's map, now that torch is loaded
-    return _collate(batch, (), leaves, rules)
+    return _walk.collate_at(batch, (), leaves, rules)
 
 
 def numpy_collate(batch: Sequence[Any]) -> Any:
@@ -271,7 +136,7 @@ def numpy_collate(batch: Sequence[Any]) -> Any:
     _first(batch)
     if torch is None and "torch" in sys.modules:
         _adopt_torch()  # the user's code imported torch: recognise its tensors
-    return _collate(batch, (), _NUMPY, _registry.own_only())
+    return _walk.collate_at(batch, (), _NUMPY, _registry.own_only())
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: Mapping[Any, Any] | None = None) -> Any:
@@ -286,7 +151,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: Mapping[Any, Any] | None = 
     built-in rule for their type: tensors, or NumPy arrays without torch.
     """
     _first(batch)
-    return _collate(batch, (), _exact_leaves(), _registry.given(collate_fn_map))
+    return _walk.collate_at(batch, (), _exact_leaves(), _registry.given(collate_fn_map))
 
 
 def _exact_leaves() -> _Leaves:
@@ -328,16 +193,9 @@ def stream_rules(collate_fn: Any, *, need_torch: bool = False) -> tuple[_Leaves,
     return _exact_leaves(), _registry.given(torch_map)
 
 
-def collate_column(
-    column: Sequence[Any], path: tuple[Any, ...], leaves: _Leaves, rules: Dispatch | None
-) -> Any:
-    """The values of one place in a batch's samples, collated as that place of the batch."""
-    return _collate(column, path, leaves, rules)
-
-
 def _default_rule(rule: Rule, batch: Sequence[Any], collate_fn_map: Any) -> Any:
     rules = None if collate_fn_map is None else _registry.given(collate_fn_map)
-    return _by_rule(rule, batch, (), _exact_leaves(), rules)
+    return _walk.by_rule(rule, batch, (), _exact_leaves(), rules)
 
 
 # The default entries of conveyor's map, named and called like torch's.
@@ -410,7 +268,7 @@ def default_convert(data: Any) -> Any:
     Without torch installed, leaves are returned as they are (so does a worker
     that defers torch: the main process makes the tensors as it unpickles).
     """
-    if torch is None and not _tensors_in_main():
+    if torch is None and not _walk.tensors_in_main():
         _adopt_torch()
     if torch is not None:
         if isinstance(data, torch.Tensor):
@@ -421,13 +279,13 @@ def default_convert(data: Any) -> Any:
                 return data
             return torch.as_tensor(data)
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {k: default_convert(data[k]) for k in data})
+        return _walk.rebuild_mapping(data, {k: default_convert(data[k]) for k in data})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        return _rebuild_sequence(data, [default_convert(d) for d in data])
+        return _walk.rebuild_sequence(data, [default_convert(d) for d in data])
     return data
 
 

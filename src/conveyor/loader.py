@@ -21,8 +21,9 @@ from . import _torch
 from ._iter.duplicates import unsharded_ranks
 from ._iter.inline import InlineIterator
 from ._iter.multiprocess import MultiprocessIterator
+from ._iter.parse_state import parse
 from ._iter.progress import Progress
-from ._iter.state import ResumePoint, parse
+from ._iter.state import ResumePoint
 from ._replaced import AcceleratePrepared
 from ._torch_rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options

@@ -2,7 +2,7 @@
 
 The classes mirror ``torch.utils.data``'s samplers (torch 2.13): same
 signatures, defaults, ``len`` and exception types. Two backends draw the
-random numbers:
+random numbers (``_rng_backends.py``):
 
 * torch installed: torch's RNG, called in exactly the order torch's samplers
   call it, so a seed (``torch.manual_seed`` or a seeded ``torch.Generator``)
@@ -12,23 +12,22 @@ random numbers:
   assigned, so successive epochs differ yet replay identically.
   ``generator=None`` means fresh OS entropy for every epoch.
 
-Indices are always plain Python ints.
+Indices are always plain Python ints. The seeds (:func:`draw_base_seed`,
+:func:`worker_seeds`) are ``_seeds.py``'s, re-exported here.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-import numpy as np
-
+from . import _rng_backends as _draws
 from . import _torch
+from ._seeds import WorkerSeeds, draw_base_seed, worker_seeds
 from .stateful import is_stateful
 
-# None without torch. A worker that defers torch never samples: it only needs
-# worker_seeds(), which is arithmetic.
+# None without torch: then the samplers have no torch class to pass for (see _torch_twin).
 torch: Any = _torch.load()
 
 __all__ = [
@@ -51,78 +50,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 _REPLACEMENT_CHUNK = 32
 
 
-# --- random number backends -------------------------------------------------
-
-
-def _resolve_generator(generator: Any) -> Any:
-    """Check ``generator`` and return what to draw from.
-
-    None stays None (torch's global RNG, or fresh NumPy entropy per epoch); a
-    ``torch.Generator`` or ``numpy.random.Generator`` is used as is; an int is
-    a NumPy seed.
-    """
-    if generator is None or isinstance(generator, np.random.Generator):
-        return generator
-    if torch is not None and isinstance(generator, torch.Generator):
-        return generator
-    if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
-        return np.random.default_rng(int(generator))
-    expected = "a torch.Generator, " if torch is not None else ""
-    raise TypeError(
-        f"generator should be {expected}a numpy.random.Generator, an int seed or None, "
-        f"but got {type(generator).__name__}: {generator!r}"
-    )
-
-
-def _torch_draws(rng: Any) -> bool:
-    return torch is not None and not isinstance(rng, np.random.Generator)
-
-
-def _numpy_rng(rng: Any) -> np.random.Generator:
-    return rng if rng is not None else np.random.default_rng()
-
-
-def _permutation(rng: Any, n: int) -> list[int]:
-    if _torch_draws(rng):
-        return cast(list[int], torch.randperm(n, generator=rng).tolist())
-    return cast(list[int], _numpy_rng(rng).permutation(n).tolist())
-
-
-def _randint(rng: Any, high: int, size: int) -> list[int]:
-    if _torch_draws(rng):
-        drawn = torch.randint(high=high, size=(size,), dtype=torch.int64, generator=rng)
-        return cast(list[int], drawn.tolist())
-    if high <= 0:
-        raise RuntimeError(f"cannot draw integers from an empty range [0, {high})")
-    return cast(list[int], _numpy_rng(rng).integers(0, high, size=size).tolist())
-
-
-def _multinomial(rng: Any, weights: Any, num_samples: int, replacement: bool) -> list[int]:
-    if _torch_draws(rng):
-        drawn = torch.multinomial(weights, num_samples, replacement, generator=rng)
-        return cast(list[int], drawn.tolist())
-    w = np.asarray(weights, dtype=np.float64)
-    n = w.shape[0]
-    if not replacement and num_samples > n:
-        raise RuntimeError(
-            f"cannot sample {num_samples} > {n} categories without replacement (weights has {n})"
-        )
-    if n == 0:
-        raise RuntimeError("cannot sample from empty weights")
-    if not np.isfinite(w).all() or (w < 0).any():
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    total = w.sum()
-    if not total > 0:
-        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
-    np_rng = _numpy_rng(rng)
-    if replacement:
-        return cast(list[int], np_rng.choice(n, size=num_samples, p=w / total).tolist())
-    # Without replacement: the k largest w_i / E_i (E_i ~ Exp(1)) are a sequential
-    # weighted draw without replacement; torch uses the same construction.
-    keys = w / np_rng.exponential(size=n)
-    return cast(list[int], np.argsort(-keys, kind="stable")[:num_samples].tolist())
-
-
 def _torch_twin(name: str) -> tuple[type, ...]:
     """torch's class of that name, as an extra base when torch is here: code that checks
     ``isinstance(sampler, torch.utils.data.RandomSampler)`` (Lightning deciding whether
@@ -131,22 +58,6 @@ def _torch_twin(name: str) -> tuple[type, ...]:
     if torch is None:
         return ()
     return (getattr(torch.utils.data, name),)
-
-
-class _UsesGenerator:
-    """Holds ``generator`` as the user gave it, plus the checked RNG to draw from."""
-
-    _generator: Any
-    _rng: Any
-
-    @property
-    def generator(self) -> Any:
-        return self._generator
-
-    @generator.setter
-    def generator(self, value: Any) -> None:
-        self._rng = _resolve_generator(value)
-        self._generator = value
 
 
 # --- samplers ---------------------------------------------------------------
@@ -178,7 +89,7 @@ class SequentialSampler(*_torch_twin("SequentialSampler"), Sampler[int]):  # typ
         return len(self.data_source)
 
 
-class RandomSampler(_UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):  # type: ignore[misc]
+class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields indices of ``data_source`` in random order.
 
     Without replacement, ``num_samples`` indices are taken from successive
@@ -219,29 +130,23 @@ class RandomSampler(_UsesGenerator, *_torch_twin("RandomSampler"), Sampler[int])
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.data_source)
-        rng = self._rng
-        if rng is None and torch is not None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            rng = torch.Generator()
-            rng.manual_seed(seed)
-        elif rng is None:
-            rng = np.random.default_rng()
+        rng = self._rng if self._rng is not None else _draws.private_generator()
         total = self.num_samples
         if self.replacement:
             for _ in range(total // _REPLACEMENT_CHUNK):
-                yield from _randint(rng, n, _REPLACEMENT_CHUNK)
-            yield from _randint(rng, n, total % _REPLACEMENT_CHUNK)
+                yield from _draws.randint(rng, n, _REPLACEMENT_CHUNK)
+            yield from _draws.randint(rng, n, total % _REPLACEMENT_CHUNK)
         else:
             for _ in range(total // n):
-                yield from _permutation(rng, n)
-            yield from _permutation(rng, n)[: total % n]
+                yield from _draws.permutation(rng, n)
+            yield from _draws.permutation(rng, n)[: total % n]
 
     def __len__(self) -> int:
         return self.num_samples
 
 
 class SubsetRandomSampler(
-    _UsesGenerator,
+    _draws.UsesGenerator,
     *_torch_twin("SubsetRandomSampler"),  # type: ignore[misc]
     Sampler[int],
 ):
@@ -254,7 +159,7 @@ class SubsetRandomSampler(
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        for position in _permutation(self._rng, len(self.indices)):
+        for position in _draws.permutation(self._rng, len(self.indices)):
             yield self.indices[position]
 
     def __len__(self) -> int:
@@ -262,7 +167,7 @@ class SubsetRandomSampler(
 
 
 class WeightedRandomSampler(
-    _UsesGenerator,
+    _draws.UsesGenerator,
     *_torch_twin("WeightedRandomSampler"),  # type: ignore[misc]
     Sampler[int],
 ):
@@ -291,10 +196,7 @@ class WeightedRandomSampler(
             raise ValueError(
                 f"replacement should be a boolean value, but got replacement={replacement}"
             )
-        if torch is not None:
-            as_array = torch.as_tensor(weights, dtype=torch.double)
-        else:
-            as_array = np.asarray(weights, dtype=np.float64)
+        as_array = _draws.as_weights(weights)
         if len(as_array.shape) != 1:
             raise ValueError(
                 "weights should be a 1d sequence but given "
@@ -306,7 +208,7 @@ class WeightedRandomSampler(
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        yield from _multinomial(self._rng, self.weights, self.num_samples, self.replacement)
+        yield from _draws.multinomial(self._rng, self.weights, self.num_samples, self.replacement)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -403,7 +305,7 @@ class InfiniteConstantSampler(Sampler[None]):
         return itertools.repeat(None)
 
 
-# --- seeds ------------------------------------------------------------------
+# --- what the loop asks of a sampler ---------------------------------------------
 
 
 def consecutive_batches(index_sampler: Any) -> bool:
@@ -411,75 +313,3 @@ def consecutive_batches(index_sampler: Any) -> bool:
     conveyor's own ``BatchSampler`` over its own ``SequentialSampler`` (the
     default without ``shuffle``), whose iterator draws from a ``range``."""
     return type(index_sampler) is BatchSampler and type(index_sampler.sampler) is SequentialSampler
-
-
-def draw_base_seed(generator: Any = None) -> int:
-    """Draw a loader iterator's base seed, a non-negative 63-bit int.
-
-    Under torch (``generator`` None or a ``torch.Generator``) this is torch's
-    own draw, consuming the same RNG state as ``torch.utils.data.DataLoader``.
-    Otherwise NumPy draws it from ``generator`` (a ``numpy.random.Generator``;
-    an int seeds a new one on every call) or, for None, from fresh OS entropy.
-    """
-    rng = _resolve_generator(generator)
-    if _torch_draws(rng):
-        return int(torch.empty((), dtype=torch.int64).random_(generator=rng).item())
-    return int(_numpy_rng(rng).integers(0, 2**63, dtype=np.int64))
-
-
-@dataclass(frozen=True)
-class WorkerSeeds:
-    """The seeds one worker gives ``random``, torch and NumPy's legacy global RNG."""
-
-    python: int
-    torch: int
-    numpy: tuple[int, int, int, int]
-
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _numpy_seed_material(base_seed: int, worker_id: int) -> tuple[int, int, int, int]:
-    """Four 32-bit words, computed as torch's ``_generate_state`` computes them.
-
-    The arithmetic is NumPy's ``SeedSequence`` hashing (pool size 4) applied to
-    the entropy ``[worker_id, low 32 bits, high bits, 0]`` of the base seed.
-    """
-    hash_multiplier = 0x43B0D7E5
-
-    def hash32(value: int) -> int:
-        nonlocal hash_multiplier
-        value = (value ^ hash_multiplier) & _MASK32
-        hash_multiplier = (hash_multiplier * 0x931E8875) & _MASK32
-        value = (value * hash_multiplier) & _MASK32
-        return value ^ (value >> 16)
-
-    def mix(x: int, y: int) -> int:
-        value = (0xCA01F9DD * x - 0x4973F715 * y) & _MASK32
-        return value ^ (value >> 16)
-
-    entropy = (worker_id, base_seed & _MASK32, base_seed >> 32, 0)
-    pool = [hash32(word) for word in entropy]
-    for src in range(4):
-        for dst in range(4):
-            if src != dst:
-                pool[dst] = mix(pool[dst], hash32(pool[src]))
-
-    output_multiplier = 0x8B51F9DD
-    words = []
-    for word in pool:
-        word = (word ^ output_multiplier) & _MASK32
-        output_multiplier = (output_multiplier * 0x58F38DED) & _MASK32
-        word = (word * output_multiplier) & _MASK32
-        words.append(word ^ (word >> 16))
-    return (words[0], words[1], words[2], words[3])
-
-
-def worker_seeds(base_seed: int, worker_id: int) -> WorkerSeeds:
-    """The seeds torch's worker loop uses for worker ``worker_id``.
-
-    ``random.seed(s.python)``, ``torch.manual_seed(s.torch)`` and
-    ``numpy.random.seed(s.numpy)`` reproduce torch's per-worker seeding.
-    """
-    seed = base_seed + worker_id
-    return WorkerSeeds(python=seed, torch=seed, numpy=_numpy_seed_material(base_seed, worker_id))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tests.helpers.collate_maps import restored_collate_maps
 
-from conveyor import _collate_rows, _scope
+from conveyor import _collate_plan, _scope
 from conveyor._collate_rows import RowWriter
 from conveyor._task import Collated, Failed, NothingLeft, TaskOutcome, TaskRunner
 from conveyor.collate import (
@@ -126,7 +126,7 @@ def test_rows_give_default_collates_batch(kind: str) -> None:
 def test_small_leaves_written_row_by_row_give_the_same_batch(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_collate_rows, "STREAM_MIN_BYTES", 1)
+    monkeypatch.setattr(_collate_plan, "STREAM_MIN_BYTES", 1)
     dataset = small.MapDataset(kind=kind)
     got, expected = both(dataset, [2, 3, 4])
     assert_same_outcome(got, expected)

@@ -8,8 +8,8 @@ from typing import Any
 from conveyor import DataLoader
 from conveyor._dataset_state import WorkerState
 from conveyor._iter.cursor import END, SamplerCursor
+from conveyor._iter.parse_state import parse
 from conveyor._iter.progress import Progress
-from conveyor._iter.state import parse
 from conveyor.config import LoaderHistory
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conveyor import sampling
+from conveyor import _rng_backends, sampling
 
 SEEDS = [0, 1, 7, 2024, 987654321]
 
@@ -34,8 +34,9 @@ def tsampler(torch: ModuleType) -> ModuleType:
 
 @pytest.fixture
 def numpy_mode(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """conveyor.sampling as it behaves when torch is not installed."""
-    monkeypatch.setattr(sampling, "torch", None)
+    """conveyor.sampling as it behaves when torch is not installed (its draws are made by
+    conveyor._rng_backends)."""
+    monkeypatch.setattr(_rng_backends, "torch", None)
     return sampling
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import _torch
-from ..sampling import _UsesGenerator
+from .._rng_backends import UsesGenerator
 
 __all__ = ["Streams", "replayed_draw"]
 
@@ -32,7 +32,7 @@ class Streams:
         for sampler in samplers:
             if sampler is None:
                 continue
-            if isinstance(sampler, _UsesGenerator):
+            if isinstance(sampler, UsesGenerator):
                 candidates.append(sampler._rng)
                 self.uses_global |= sampler._rng is None
             elif hasattr(sampler, "generator"):

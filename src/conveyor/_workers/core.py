@@ -133,7 +133,7 @@ class WorkerCore:
     def _seed_like_torch(self) -> None:
         """Seed ``random``, NumPy and torch exactly as torch's workers do (the process's
         generators, for a core that owns its process; always its own)."""
-        from ..sampling import worker_seeds
+        from .._seeds import worker_seeds
 
         seeds = worker_seeds(self.spec.base_seed, self.spec.worker_id)
         self.scope.seed_each(seeds.python, seeds.numpy, seeds.torch)

@@ -184,7 +184,7 @@ def _seed_process(first: WorkerSpec) -> None:
     are seeded once, as its first core's would be, so that two processes do not draw
     alike (torch's workers' bug of old); torch's intra-op threads, which would multiply
     with the cores, are kept to one."""
-    from ..sampling import worker_seeds
+    from .._seeds import worker_seeds
 
     seeds = worker_seeds(first.base_seed, first.worker_id)
     _scope.GLOBAL_GENERATORS.seed_each(seeds.python, seeds.numpy, seeds.torch)

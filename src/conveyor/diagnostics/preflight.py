@@ -37,14 +37,8 @@ from ..config import LoaderConfig
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
 from .findings import Finding, Report, Severity
-from .fork_hazards import (
-    container_findings,
-    cuda_findings,
-    descriptor_findings,
-    handle_findings,
-    rng_findings,
-    thread_findings,
-)
+from .fork_hazards import container_findings, cuda_findings, rng_findings, thread_findings
+from .handle_hazards import descriptor_findings, handle_findings
 from .pickling import explain_unpicklable, find_unpicklable
 from .thread_hazards import thread_hazard_findings, torch_draw_findings
 from .walk import Walk

@@ -27,7 +27,8 @@ from typing import Any
 
 from .findings import Finding, Severity
 from .fixes import per_worker_fix
-from .fork_hazards import handle_what, names_used
+from .fork_hazards import names_used
+from .handle_hazards import handle_what
 from .handles import Handle, describe_handle
 from .walk import Walk
 
