@@ -22,18 +22,14 @@ from typing import Any
 
 from .._protocol import (
     BatchDone,
-    Blame,
-    Bystander,
     Died,
     IterationEnded,
-    Own,
     Ready,
     SeedPipe,
     StartupFailed,
     Stop,
     Task,
     TaskFailed,
-    Unknown,
 )
 from .._transport.budget import SlotBudget
 from .._transport.codec import PayloadHandle
@@ -43,7 +39,7 @@ from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .readings import Readings, RoomsAhead
 from .spec import UserObjects, WorkerSpec
-from .stacks import crashed_core
+from .stacks import blame_cores, crashed_core
 from .start import modules_to_preload
 from .start_method import StartMethod
 from .status import read_status, request_stop
@@ -296,16 +292,9 @@ class WorkerPool(Readings):
         culprit = self._killed.pop(host.pid or -1, None)
         if culprit is None and len(cores) > 1:
             culprit = crashed_core(host.crash_dump(), dict(zip(host.cores, statuses, strict=True)))
-        for n, (worker, status) in enumerate(zip(cores, statuses, strict=True)):
+        blames = blame_cores(host.cores, culprit)
+        for worker, status, blame in zip(cores, statuses, blames, strict=True):
             self._dead.add(worker.worker_id)
-            siblings = tuple(i for i in host.cores if i != worker.worker_id)
-            blame: Blame
-            if culprit is None and siblings:
-                blame = Unknown(siblings, charged=n == 0)
-            elif culprit is None or worker.worker_id == culprit:
-                blame = Own(siblings)
-            else:
-                blame = Bystander(culprit)
             exitcode = host.process.exitcode
             events.append(Died(worker.worker_id, worker.pid, exitcode, status, blame=blame))
         return events

@@ -1,5 +1,5 @@
 """Looking into a running worker process: its Python stacks (a stalled task), its CPU
-time and memory (statistics).
+time and memory (statistics); and, once dead, which of its cores was to blame.
 
 The worker's faulthandler answers SIGUSR1 from C, even while Python code is stuck,
 into a pipe whose read end the main process keeps.
@@ -11,14 +11,14 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import wait
 
 import psutil
 
-from .._protocol import WorkerStatus
+from .._protocol import Blame, Bystander, Own, Unknown, WorkerStatus
 
-__all__ = ["active_s", "crashed_core", "dump_stacks", "process_uss", "thread_stack"]
+__all__ = ["active_s", "blame_cores", "crashed_core", "dump_stacks", "process_uss", "thread_stack"]
 
 # A thread's header in a faulthandler dump: "Current thread 0x00007f...", "Thread 0x...".
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x([0-9a-f]+)")
@@ -97,6 +97,22 @@ def crashed_core(dump: str, threads: Mapping[int, WorkerStatus]) -> int | None:
             ident = int(header.group(2), 16)
             return next((core for core, st in threads.items() if st.thread == ident), None)
     return None
+
+
+def blame_cores(cores: Sequence[int], culprit: int | None) -> list[Blame]:
+    """Who is to blame for a process's death, for each of its ``cores``: the ``culprit``
+    core (if known) its own, the others bystanders; unknown, each a death of its own with
+    one restart charged (the first's)."""
+    blames: list[Blame] = []
+    for n, core in enumerate(cores):
+        siblings = tuple(i for i in cores if i != core)
+        if culprit is None and siblings:
+            blames.append(Unknown(siblings, charged=n == 0))
+        elif culprit is None or core == culprit:
+            blames.append(Own(siblings))
+        else:
+            blames.append(Bystander(culprit))
+    return blames
 
 
 def active_s(pid: int | None, tid: int | None = None) -> float | None:
