@@ -25,7 +25,7 @@ _HAVE_TORCH = importlib.util.find_spec("torch") is not None
 # torchrun port, ranks of processes, a module fixture): pytest-xdist runs each of them in
 # one worker (``--dist loadgroup``), the rest of the suite test by test.
 _XDIST_GROUPS = {
-    "test_ray_workers.py": "ray", "test_ray_faults.py": "ray",
+    "test_ray_workers.py": "ray-workers", "test_ray_faults.py": "ray-faults",
     "test_accelerate.py": "accelerate", "test_lightning.py": "lightning",
     "test_elastic_ranks.py": "ranks", "test_torchvision.py": "torchvision",
     "test_troubleshooting_examples.py": "troubleshooting",
