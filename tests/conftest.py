@@ -23,9 +23,11 @@ _FORKSERVER_SLOW = frozenset({
 _HAVE_TORCH = importlib.util.find_spec("torch") is not None
 # Modules whose tests share something costly or fixed among themselves (a Ray cluster, a
 # torchrun port, ranks of processes, a module fixture): pytest-xdist runs each of them in
-# one worker (``--dist loadgroup``), the rest of the suite test by test.
+# one worker (``--dist loadgroup``), the rest of the suite test by test. The Ray modules
+# share one: two local clusters at once get in each other's way (a test that ends a
+# cluster's processes, or counts its workers, finds the other's).
 _XDIST_GROUPS = {
-    "test_ray_workers.py": "ray-workers", "test_ray_faults.py": "ray-faults",
+    "test_ray_workers.py": "ray", "test_ray_faults.py": "ray",
     "test_accelerate.py": "accelerate", "test_lightning.py": "lightning",
     "test_elastic_ranks.py": "ranks", "test_torchvision.py": "torchvision",
     "test_troubleshooting_examples.py": "troubleshooting",
