@@ -42,7 +42,7 @@ from __future__ import annotations
 import ast
 import collections
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -316,6 +316,34 @@ def _path(graph: Graph, chain: list[str]) -> str:
     return "; ".join(steps)
 
 
+def _reached(
+    graph: Graph,
+    runtime: Mapping[str, Iterable[str]],
+    start: str,
+    wanted: Callable[[str], bool],
+    passed_by: Callable[[str], bool],
+) -> list[str]:
+    """The first module ``wanted`` that ``start`` reaches over imports that run, through
+    at least one other module and none ``passed_by``: its chain, said (or nothing)."""
+    previous: dict[str, str] = {start: start}
+    queue = collections.deque([start])
+    while queue:
+        node = queue.popleft()
+        for succ in sorted(runtime[node]):
+            if succ in previous or passed_by(succ):
+                continue
+            previous[succ] = node
+            if wanted(succ):
+                chain = [succ]
+                while chain[0] != start:
+                    chain.insert(0, previous[chain[0]])
+                if len(chain) > 2:
+                    return [f"{start} reaches {succ} through: {_path(graph, chain)}"]
+                return []
+            queue.append(succ)
+    return []
+
+
 def layer_violations(graph: Graph, layers: tuple[str, ...], forbidden: str) -> list[str]:
     """Modules of ``layers`` that import ``forbidden`` (a module or a package) directly
     (TYPE_CHECKING included) or through modules outside both (imports that run)."""
@@ -326,23 +354,9 @@ def layer_violations(graph: Graph, layers: tuple[str, ...], forbidden: str) -> l
             out.append(f"{edge.importer} imports {edge.target} [{edge.where()}]")
     runtime = graph.runtime()
     for start in sorted(in_layer):
-        previous: dict[str, str] = {start: start}
-        queue = collections.deque([start])
-        while queue:
-            node = queue.popleft()
-            for succ in sorted(runtime[node]):
-                if succ in previous or succ in in_layer:
-                    continue
-                previous[succ] = node
-                if _within(succ, forbidden):
-                    chain = [succ]
-                    while chain[0] != start:
-                        chain.insert(0, previous[chain[0]])
-                    if len(chain) > 2:
-                        out.append(f"{start} reaches {succ} through: {_path(graph, chain)}")
-                    queue.clear()
-                    break
-                queue.append(succ)
+        out += _reached(
+            graph, runtime, start, lambda m: _within(m, forbidden), lambda m: m in in_layer
+        )
     return out
 
 
@@ -361,23 +375,7 @@ def kind_violations(graph: Graph, layer: str = "conveyor._iter") -> list[str]:
     ]
     runtime = graph.runtime()
     for start in in_layer:
-        previous: dict[str, str] = {start: start}
-        queue = collections.deque([start])
-        while queue:
-            node = queue.popleft()
-            for succ in sorted(runtime[node]):
-                if succ in previous or succ == KINDS:
-                    continue
-                previous[succ] = node
-                if _is_kind(succ):
-                    chain = [succ]
-                    while chain[0] != start:
-                        chain.insert(0, previous[chain[0]])
-                    if len(chain) > 2:
-                        out.append(f"{start} reaches {succ} through: {_path(graph, chain)}")
-                    queue.clear()
-                    break
-                queue.append(succ)
+        out += _reached(graph, runtime, start, _is_kind, lambda m: m == KINDS)
     return out
 
 

@@ -111,15 +111,7 @@ class WorkerCore:
             return StartupFailed(Stage.WORKER_INIT, capture(exc))
         try:
             resume = pickle.loads(spec.resume_state) if spec.resume_state is not None else None
-            self.runner = TaskRunner(
-                user.dataset,
-                iterable=spec.iterable,
-                auto_collation=spec.auto_collation,
-                collate_fn=user.collate_fn,
-                drop_last=spec.drop_last,
-                skip_errors=spec.skip_errors,
-                resume=resume,
-            )
+            self.runner = _runner(spec, user, resume)
             state = self._pickled_state() if spec.report_state else None
         except BaseException as exc:  # restoring the dataset's saved state failed
             return StartupFailed(Stage.FETCH, capture(exc))
@@ -302,15 +294,7 @@ class WorkerCore:
         ``iter()``, as torch raises it."""
         core = cls(spec, user, _IN_PLACE, _UNWATCHED, owns_process=True)
         core._in_worker = False
-        core.runner = TaskRunner(
-            user.dataset,
-            iterable=spec.iterable,
-            auto_collation=spec.auto_collation,
-            collate_fn=user.collate_fn,
-            drop_last=spec.drop_last,
-            skip_errors=spec.skip_errors,
-            resume=resume,
-        )
+        core.runner = _runner(spec, user, resume)
         init_error = getattr(core.runner.fetcher, "init_error", None)
         if init_error is not None:
             raise init_error
@@ -377,3 +361,16 @@ class _Unwatched:
 
 _IN_PLACE = _InPlace()
 _UNWATCHED = _Unwatched()
+
+
+def _runner(spec: WorkerSpec, user: UserObjects, resume: Any) -> TaskRunner:
+    """The task runner a core runs its tasks with, from its spec and the user's objects."""
+    return TaskRunner(
+        user.dataset,
+        iterable=spec.iterable,
+        auto_collation=spec.auto_collation,
+        collate_fn=user.collate_fn,
+        drop_last=spec.drop_last,
+        skip_errors=spec.skip_errors,
+        resume=resume,
+    )
