@@ -58,11 +58,12 @@ BOOK = tuple(
 )
 KINDS = "conveyor._workers.kinds"
 # What of conveyor._workers is every kind's: the pool protocol, the core and its spec,
-# the start method, the fork gates, and what the core reports errors with.
+# the start method, the fork gates, what the core reports errors with, and the per-core
+# scope (worker info, seeds, per_worker handles) with the draws it answers per thread.
 SHARED_WORKERS = frozenset(
     f"conveyor._workers{name}"
     for name in ("", ".api", ".core", ".spec", ".kinds", ".start_method", ".fork_gate",
-                 ".remote_error", ".sources")
+                 ".remote_error", ".sources", ".scope", ".thread_draws")
 )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import multiprocessing
 import sys
 from collections.abc import Sequence
 
-from conveyor._argtypes import positive_int
+from conveyor.doctor.argtypes import positive_int
 from conveyor_bench.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor_bench.report import render, write_json
 from conveyor_bench.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark

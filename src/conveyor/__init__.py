@@ -1,6 +1,6 @@
 """conveyor: a drop-in, faster and self-explaining ``torch.utils.data.DataLoader``.
 
-from conveyor import DataLoader   # was: from torch.utils.data import DataLoader
+from . import DataLoader   # was: from torch.utils.data import DataLoader
 """
 
 from ._iter.elastic import merge_states

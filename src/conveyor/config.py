@@ -1,7 +1,7 @@
 """What a loader was asked to do, as frozen values.
 
 ``DataLoader.__init__`` hands its arguments to :meth:`LoaderConfig.from_torch_args`,
-which applies torch's rules (``_torch_rules.py``) and checks conveyor's own options
+which applies torch's rules (``_torch/rules.py``) and checks conveyor's own options
 (:class:`Options`, nested), once. The iterators, the pre-flight checks and ``doctor``
 read that value and never the ``DataLoader`` itself, so none of them imports
 ``loader.py``; a public attribute the user sets afterwards, as torch allows for some,
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _datapipes, _torch
+from . import _torch
 from . import collate as _collate
-from ._reseed import check_reseed
-from ._supervision import SupervisionPolicy
-from ._torch_rules import sampling, start_context, worker_arguments
+from ._task.supervision import SupervisionPolicy
+from ._torch import datapipes as _datapipes
+from ._torch.rules import sampling, start_context, worker_arguments
 from ._workers import kinds
 from ._workers.kinds import WorkerKind
 from ._workers.start_method import StartMethod
@@ -30,6 +30,7 @@ from .dataset import is_iterable_dataset
 from .errors import ConfigError
 from .observe.autotune import Autotuner, auto_workers
 from .records import LoaderStatistics, SkippedSample
+from .sampling._reseed import check_reseed
 from .stateful import is_stateful
 
 if TYPE_CHECKING:

@@ -56,8 +56,8 @@ import pickle
 from typing import Any
 
 # What conveyor adds to a user's own exception is no exception of its own: it lives in
-# _worker_context.py, and is importable from here as it always was.
-from ._worker_context import Culprit, WorkerContext, add_note, attach_worker_context
+# _task/context.py, and is importable from here as it always was.
+from conveyor._task.context import Culprit, WorkerContext, add_note, attach_worker_context
 
 __all__ = [
     "BatchesHeldWarning",

@@ -24,11 +24,11 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.parse_state import parse
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint
-from ._replaced import AcceleratePrepared
-from ._torch_rules import start_context, too_many_workers
+from ._torch.rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options
 from .diagnostics.preflight import run_automatic, warn_at_construction
 from .errors import DuplicateDataWarning, PrefetchFactorError
+from .integrations.replaced import AcceleratePrepared
 from .observe.trace import Tracer, recording
 from .observe.verdict import Verdict, diagnose
 from .records import LoaderStatistics, SkippedSample
@@ -95,7 +95,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
     # Read by accelerate's prepare(), which would replace this loader with torch's:
-    # it warns, naming the fix (see conveyor._replaced).
+    # it warns, naming the fix (see conveyor.integrations.replaced).
     _is_accelerate_prepared = AcceleratePrepared()
 
     def __init__(

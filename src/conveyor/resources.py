@@ -31,8 +31,8 @@ from collections.abc import Callable
 from multiprocessing import util as mp_util
 from typing import Any, Generic, TypeVar
 
-from . import _scope
-from ._scope import WorkerScope
+from conveyor._workers import scope as _scope
+from conveyor._workers.scope import WorkerScope
 
 __all__ = ["PerWorker", "close_all", "per_worker"]
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _scope, _torch
-from ._scope import WorkerInfo  # defined beside the scope that holds it; public here
+from conveyor import _torch
+from conveyor._workers import scope as _scope
+from conveyor._workers.scope import (
+    WorkerInfo,  # defined beside the scope that holds it; public here
+)
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 

@@ -20,7 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conveyor._protocol import Died, Ready, SeedPipe, Stage, StartupFailed, Task, WorkerStatus
+from conveyor._task.protocol import (
+    Died,
+    Ready,
+    SeedPipe,
+    Stage,
+    StartupFailed,
+    Task,
+    WorkerStatus,
+)
 from conveyor._transport.codec import InlinePayload
 from conveyor._transport.pickler import dumps
 from conveyor._workers.api import Abilities, PoolEvent, Received

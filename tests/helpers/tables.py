@@ -14,8 +14,8 @@ from conveyor._iter.facts import GiveUpAt, Overdue, Restart, Stalled, TimedOut
 from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import Handout
 from conveyor._iter.tally import Tally
-from conveyor._protocol import BatchDone, Busy, Died, Stage, Task, WorkerStatus
-from conveyor._supervision import SupervisionPolicy
+from conveyor._task.protocol import BatchDone, Busy, Died, Stage, Task, WorkerStatus
+from conveyor._task.supervision import SupervisionPolicy
 from conveyor.records import SkippedSample
 
 DONE = object()  # a batch payload stand-in

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conveyor import DataLoader
-from conveyor._protocol import HELD_BEYOND_PREFETCH
+from conveyor._task.protocol import HELD_BEYOND_PREFETCH
 from conveyor._transport.arena import MIN_SLOT_BYTES
 from conveyor._transport.budget import run_ahead, run_ahead_bytes
 from tests.helpers.leaks import no_leaks

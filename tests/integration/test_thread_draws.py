@@ -1,7 +1,7 @@
 """Random draws in thread workers: reproducible, and torch's, wherever that can be.
 
 ``random``'s and NumPy's module functions draw, in a thread worker, from that worker's
-own stand-ins, seeded as a process worker's module generators (conveyor._thread_draws):
+own stand-ins, seeded as a process worker's module generators (conveyor._workers.thread_draws):
 the same batches as torch's process workers, run after run, and the training loop's own
 stream is left alone. torch's global generator cannot be split per thread; a transform
 that draws from ``torch.utils.data.get_worker_info().rng.torch_generator`` — what torch's

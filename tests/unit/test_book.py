@@ -13,7 +13,7 @@ from conveyor._iter.book import FILED, STALE, TaskBook
 from conveyor._iter.facts import Position
 from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Wait
 from conveyor._iter.tally import Tally
-from conveyor._protocol import (
+from conveyor._task.protocol import (
     HELD_BEYOND_PREFETCH,
     BatchDone,
     IterationEnded,

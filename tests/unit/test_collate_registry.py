@@ -18,8 +18,8 @@ import pytest
 from tests.helpers.collate_maps import restored_collate_maps
 
 import conveyor
-from conveyor import _scope
 from conveyor import collate as conveyor_collate
+from conveyor._workers import scope as _scope
 from conveyor.collate import (
     collate,
     collate_context,

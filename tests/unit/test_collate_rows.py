@@ -1,5 +1,5 @@
 """Streaming collate without processes: samples written into their rows as they come
-(conveyor._collate_rows, and TaskRunner's use of it) give the batch default_collate
+(conveyor.collate._rows, and TaskRunner's use of it) give the batch default_collate
 gives, for every structure; a sample that does not fit makes the batch collate as before,
 with the same result or the same error; skipping leaves out exactly the failing sample."""
 
@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from tests.helpers.collate_maps import restored_collate_maps
 
-from conveyor import _collate_plan, _scope
-from conveyor._collate_rows import RowWriter
-from conveyor._task import Collated, Failed, NothingLeft, TaskOutcome, TaskRunner
+from conveyor._task.runner import Collated, Failed, NothingLeft, TaskOutcome, TaskRunner
+from conveyor._workers import scope as _scope
 from conveyor.collate import (
     OUTPUT_ALLOCATOR,
     default_collate,
     default_collate_fn_map,
     numpy_collate,
 )
+from conveyor.collate import _plan as _collate_plan
+from conveyor.collate._rows import RowWriter
 from conveyor.errors import CollateKeyError, CollateShapeError
 
 torch = pytest.importorskip("torch")

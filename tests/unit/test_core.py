@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import conveyor
-from conveyor._protocol import BatchDone, Ready, Stop, Task
+from conveyor._task.protocol import BatchDone, Ready, Stop, Task
 from conveyor._workers.core import STOP, WorkerCore
 from conveyor._workers.spec import UserObjects, WorkerSpec
 from conveyor._workers.status import MemoryStatus

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from conveyor._protocol import WorkerStatus
+from conveyor._task.protocol import WorkerStatus
 from conveyor._workers.stacks import crashed_core, thread_stack
 
 CRASH = """Fatal Python error: Segmentation fault

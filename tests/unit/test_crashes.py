@@ -23,7 +23,7 @@ from tests.helpers.tables import (
 from conveyor._iter.facts import GiveUpAt
 from conveyor._iter.messages import kill_reason
 from conveyor._iter.steps import GiveUp, Handout, Wait
-from conveyor._protocol import Bystander, Own, Stage, Unknown
+from conveyor._task.protocol import Bystander, Own, Stage, Unknown
 from conveyor.errors import WorkerCrashedError
 
 

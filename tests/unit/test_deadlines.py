@@ -9,7 +9,7 @@ from tests.helpers.tables import Restarted, batches, died, dispatch, loop, step_
 
 from conveyor._iter.facts import Stalled, TimedOut
 from conveyor._iter.steps import Handout
-from conveyor._protocol import GONE, BatchDone, Busy, Stage, WorkerStatus
+from conveyor._task.protocol import GONE, BatchDone, Busy, Stage, WorkerStatus
 from conveyor.errors import WorkerTimeoutError
 
 

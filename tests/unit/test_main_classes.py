@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from conveyor._rebuild import rebuild
+from conveyor._task.rebuild import rebuild
 from conveyor._transport import codec
 from conveyor._workers.remote_error import capture
 from conveyor.diagnostics.pickling import explain_unpicklable_sample

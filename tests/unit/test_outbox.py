@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conveyor._protocol import Task
+from conveyor._task.protocol import Task
 from conveyor._workers.outbox import Outbox
 from conveyor._workers.wire import FrameReader
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor import DataLoader
-from conveyor._dataset_state import WorkerState
 from conveyor._iter.cursor import END, SamplerCursor
 from conveyor._iter.parse_state import parse
 from conveyor._iter.progress import Progress
+from conveyor._task.dataset_state import WorkerState
 from conveyor.config import LoaderHistory
 
 

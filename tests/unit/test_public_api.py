@@ -126,3 +126,23 @@ def test_collate_errors_keep_the_type_torch_raises(name: str, torch_type: type) 
     cls = getattr(errors, name)
     assert issubclass(cls, errors.CollateError)
     assert issubclass(cls, torch_type)
+
+
+def test_public_classes_name_a_public_module_that_holds_them() -> None:
+    """A pickle (and a repr) names a class by its ``__module__``: the place users import it
+    from, never a private module that a reorganisation may move (issue 41)."""
+    import importlib
+
+    wrong = []
+    for name in conveyor.__all__:
+        obj = getattr(conveyor, name)
+        if not isinstance(obj, type):
+            continue
+        module = obj.__module__
+        private = any(part.startswith("_") for part in module.split("."))
+        held = getattr(importlib.import_module(module), obj.__qualname__, None) is obj
+        if private or not held:
+            wrong.append(f"{name}: {module}.{obj.__qualname__}")
+    assert not wrong, "classes a user may pickle, named by a private or wrong module:\n" + (
+        "\n".join(wrong)
+    )

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from conveyor._rebuild import rebuild
+from conveyor._task.rebuild import rebuild
 from conveyor._workers.remote_error import capture
 from conveyor.errors import add_note
 

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.tables import Restarted, dispatch, loop
 
 from conveyor import ConfigError, DataLoader, MissingDependencyError
-from conveyor._protocol import Died, Stage, Task, WorkerStatus
+from conveyor._task.protocol import Died, Stage, Task, WorkerStatus
 from conveyor._transport.object_store import ObjectStoreBatch, ObjectStoreEncoder, StorePayload
 from conveyor._workers import ray_cluster
 from conveyor._workers.ray_pool import _Remote

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader, LoaderReplacedWarning
-from conveyor._replaced import prepared_by_conveyor
+from conveyor.integrations.replaced import prepared_by_conveyor
 
 
 def _accelerate_asks(loader: DataLoader) -> Any:

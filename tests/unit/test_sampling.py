@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conveyor import _rng_backends, sampling
+from conveyor import sampling
+from conveyor.sampling import _rng_backends
 
 SEEDS = [0, 1, 7, 2024, 987654321]
 
@@ -35,7 +36,7 @@ def tsampler(torch: ModuleType) -> ModuleType:
 @pytest.fixture
 def numpy_mode(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """conveyor.sampling as it behaves when torch is not installed (its draws are made by
-    conveyor._rng_backends)."""
+    conveyor.sampling._rng_backends)."""
     monkeypatch.setattr(_rng_backends, "torch", None)
     return sampling
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from conveyor._protocol import (
+from conveyor._task.protocol import (
     BatchDone,
     MainMessage,
     Ready,

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._protocol import BatchDone, IterationEnded, RoomAhead, Task, TaskReply
-from .._supervision import SupervisionPolicy
+from .._task.protocol import BatchDone, IterationEnded, RoomAhead, Task, TaskReply
+from .._task.supervision import SupervisionPolicy
 from ..records import SkippedSample
 from .facts import LeaveOut, Position, Restart
 from .ledger import BATCH, ITERABLE, SINGLE, Entry, Ledger, LedgerView, WorkerRecord

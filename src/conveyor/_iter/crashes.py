@@ -20,8 +20,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from .._protocol import Bystander, Died, Stage, WorkerStatus
-from .._supervision import SupervisionPolicy
+from .._task.protocol import Bystander, Died, Stage, WorkerStatus
+from .._task.supervision import SupervisionPolicy
 from ..errors import WorkerCrashedError
 from . import messages
 from .facts import GiveUpAt, LeaveOut, Resend, Restart, Verdict

@@ -23,8 +23,8 @@ tests/unit/test_deadlines.py tables its rules.
 
 from __future__ import annotations
 
-from .._protocol import Busy
-from .._supervision import SupervisionPolicy
+from .._task.protocol import Busy
+from .._task.supervision import SupervisionPolicy
 from ..errors import WorkerTimeoutError
 from . import messages
 from .facts import Overdue, Stalled, TimedOut

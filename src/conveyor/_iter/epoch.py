@@ -17,12 +17,12 @@ import pickle
 import warnings
 from collections.abc import Callable
 
-from .._dataset_state import WorkerState
-from .._seeds import draw_base_seed
+from .._task.dataset_state import WorkerState
 from .._workers.spec import WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
 from ..distributed import process_group
 from ..errors import StateError
+from ..sampling._seeds import draw_base_seed
 from ..stateful import load_into
 from . import messages
 from .cursor import SamplerCursor

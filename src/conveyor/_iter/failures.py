@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._protocol import Stage, StartupFailed, TaskFailed
-from .._rebuild import rebuild
+from .._task.protocol import Stage, StartupFailed, TaskFailed
+from .._task.rebuild import rebuild
 from ..errors import (
     Culprit,
     WorkerContext,

@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
-from .._datapipes import shard as shard_pipe
-from .._reseed import kept_global_rngs
-from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft
+from .._task.runner import Collated, Exhausted, Failed, LeftOut, NothingLeft
+from .._torch.datapipes import SharedSeeds, is_datapipe, is_iter_datapipe
+from .._torch.datapipes import shard as shard_pipe
 from .._workers.core import WorkerCore
 from .._workers.spec import UserObjects, WorkerSpec
 from ..config import LoaderConfig, LoaderHistory
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
+from ..sampling._reseed import kept_global_rngs
 from . import failures
 from .batches import batch_size_of
 from .cursor import END

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._fetch import batch_indices
-from .._protocol import Task, TaskReply, builder
+from .._task.fetch import batch_indices
+from .._task.protocol import Task, TaskReply, builder
 
 if TYPE_CHECKING:
     from .skips import LeftOutNote

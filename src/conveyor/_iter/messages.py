@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from .._protocol import Busy, Died, WorkerStatus
+from conveyor._task.protocol import Busy, Died, WorkerStatus
 
 __all__ = [
     "ABANDONED_THREAD",

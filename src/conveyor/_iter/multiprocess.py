@@ -1,13 +1,12 @@
 """Iterate with workers: the loop between the task book and the pool.
 
-The loop does the I/O and nothing else: it draws indices from the sampler,
-sends tasks through the pool, blocks in ``pool.wait`` (a batch and a dead
-worker wake it alike, at once) and turns decisions into batches, warnings and
-exceptions. The rules are in pure objects it tells the facts: the
-:class:`~.book.TaskBook` (dispatch, order, hand-out), and behind the
-:class:`~.supervisor.Supervisor` (dead, stalled, stuck workers) the crash judge
-and the deadlines. The first epoch starts through :class:`~.epoch.EpochStart`,
-as the in-process iterator's does.
+The loop does the I/O and nothing else: it draws indices from the sampler, sends tasks
+through the pool, blocks in ``pool.wait`` (a batch and a dead worker wake it alike, at
+once) and turns decisions into batches, warnings and exceptions. The rules are in pure
+objects it tells the facts: the :class:`~.book.TaskBook` (dispatch, order, hand-out), and
+behind the :class:`~.supervisor.Supervisor` (dead, stalled, stuck workers) the crash judge
+and the deadlines. The first epoch starts through :class:`~.epoch.EpochStart`, as the
+in-process iterator's does.
 """
 
 from __future__ import annotations
@@ -18,10 +17,18 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._compat import assert_never
-from .._datapipes import SharedSeeds, is_iter_datapipe
-from .._dataset_state import WorkerState
-from .._protocol import BatchDone, Died, IterationEnded, Ready, SeedPipe, StartupFailed, TaskFailed
+from .._task.compat import assert_never
+from .._task.dataset_state import WorkerState
+from .._task.protocol import (
+    BatchDone,
+    Died,
+    IterationEnded,
+    Ready,
+    SeedPipe,
+    StartupFailed,
+    TaskFailed,
+)
+from .._torch.datapipes import SharedSeeds, is_iter_datapipe
 from .._workers.api import BatchHandle, PoolFactory, Received
 from .._workers.spec import UserObjects
 from ..collate import registrations as collate_registrations
@@ -202,8 +209,7 @@ class MultiprocessIterator:
     # --- epochs and dispatch ------------------------------------------------------------
 
     def _start_epoch(self, start: EpochStart | None) -> None:
-        """The iterator's first epoch, where ``start`` says; or (None) the next one on
-        the same workers."""
+        """The first epoch, where ``start`` says; or (None) the next on the same workers."""
         epoch = self._history.next_epoch()
         self.progress.epoch = epoch
         if start is not None:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._dataset_state import DATASET_STATE, ENDED, FETCHER_STATE, ITER_STATE, WorkerState
+from .._task.dataset_state import (
+    DATASET_STATE,
+    ENDED,
+    FETCHER_STATE,
+    ITER_STATE,
+    WorkerState,
+)
 from ..errors import StateError
 from ..records import SkippedSample
 from .elastic import RANKS, read_part

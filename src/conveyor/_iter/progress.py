@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._dataset_state import WorkerState
-from .._protocol import TaskFailed, TaskReply
+from .._task.dataset_state import WorkerState
+from .._task.protocol import TaskFailed, TaskReply
 from ..config import LoaderConfig, LoaderHistory
 from ..distributed import process_group
 from .cursor import SamplerCursor

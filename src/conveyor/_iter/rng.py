@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import _torch
-from .._rng_backends import UsesGenerator
+from ..sampling._rng_backends import UsesGenerator
 
 __all__ = ["Streams", "replayed_draw"]
 

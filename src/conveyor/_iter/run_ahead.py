@@ -4,14 +4,14 @@ torch keeps ``prefetch_factor`` tasks out per worker; with cheap samples on few
 cores a worker's queue then runs dry whenever the main process falls one batch
 behind (docs/design.md, "Run-ahead"). How far the workers' memory allows is their
 pool's to say (``Abilities.run_ahead``: the process pool answers from its slots, as a
-:class:`~conveyor._protocol.RoomAhead`); when to follow it is decided here, in a pure
+:class:`~conveyor._task.protocol.RoomAhead`); when to follow it is decided here, in a pure
 object kept by the task book, told what came back (that answer and the worker's time
 on the batch, a reply of an abandoned epoch, a worker replaced).
 """
 
 from __future__ import annotations
 
-from .._protocol import HELD_BEYOND_PREFETCH, RoomAhead
+from conveyor._task.protocol import HELD_BEYOND_PREFETCH, RoomAhead
 
 # A worker runs ahead only while its batches take under this long: the work left over
 # after a ``break`` stays short.

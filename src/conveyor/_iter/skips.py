@@ -7,15 +7,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._protocol import RemoteError, SampleFailed
-from .._rebuild import rebuild
-from .._supervision import SupervisionPolicy
+from .._task.protocol import RemoteError, SampleFailed
+from .._task.rebuild import rebuild
+from .._task.supervision import SupervisionPolicy
 from ..errors import Culprit, WorkerContext, WorkerCrashedError, add_note, attach_worker_context
 from ..records import SkippedSample
 from . import messages
 
 if TYPE_CHECKING:
-    from .._task import LeftOut
+    from .._task.runner import LeftOut
 
 log = logging.getLogger("conveyor")
 CRASH_TYPE = "conveyor.errors.WorkerCrashedError"  # what a sample left out for a crash raised

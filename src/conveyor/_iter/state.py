@@ -22,7 +22,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._dataset_state import WorkerState
+from .._task.dataset_state import WorkerState
 from ..errors import WorkerCountError
 from ..records import SkippedSample
 from .elastic import RANKS

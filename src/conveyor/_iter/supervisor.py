@@ -14,8 +14,8 @@ import time
 import warnings
 from dataclasses import replace
 
-from .._compat import assert_never
-from .._protocol import Busy, Died, Task
+from .._task.compat import assert_never
+from .._task.protocol import Busy, Died, Task
 from .._workers.api import Pool
 from .._workers.spec import WorkerSpec
 from ..config import LoaderConfig

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._protocol import BatchDone
+from .._task.protocol import BatchDone
 from .._workers.api import BatchHandle, Usage
 from ..config import LoaderHistory
 from ..observe.timings import StageClock

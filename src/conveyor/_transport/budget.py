@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._protocol import HELD_BEYOND_PREFETCH
+from conveyor._task.protocol import HELD_BEYOND_PREFETCH
 
 __all__ = ["MAX_RUN_AHEAD", "RUN_AHEAD_BYTES", "SlotBudget", "run_ahead", "run_ahead_bytes"]
 

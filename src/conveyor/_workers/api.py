@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._protocol import Died, RoomAhead, SeedPipe, Task, WorkerMessage, WorkerStatus
+from .._task.protocol import (
+    Died,
+    RoomAhead,
+    SeedPipe,
+    Task,
+    WorkerMessage,
+    WorkerStatus,
+)
 from .spec import UserObjects, WorkerSpec
 
 __all__ = [

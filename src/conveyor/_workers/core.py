@@ -21,10 +21,10 @@ import pickle
 import time
 from typing import Any
 
-from .. import _datapipes, _scope, _torch
-from .._compat import assert_never
-from .._dataset_state import WorkerState
-from .._protocol import (
+from .. import _torch
+from .._task.compat import assert_never
+from .._task.dataset_state import WorkerState
+from .._task.protocol import (
     BatchDone,
     IterationEnded,
     MainMessage,
@@ -38,15 +38,25 @@ from .._protocol import (
     TaskFailed,
     TaskReply,
 )
-from .._reseed import Reseed
-from .._scope import GLOBAL_GENERATORS
-from .._task import Collated, Exhausted, Failed, LeftOut, NothingLeft, TaskOutcome, TaskRunner
-from .._thread_draws import route_module_draws
+from .._task.runner import (
+    Collated,
+    Exhausted,
+    Failed,
+    LeftOut,
+    NothingLeft,
+    TaskOutcome,
+    TaskRunner,
+)
+from .._torch import datapipes as _datapipes
 from ..collate import default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
+from ..sampling._reseed import Reseed
 from ..worker_info import WorkerInfo, install_in_torch
+from . import scope as _scope
 from .remote_error import capture
+from .scope import GLOBAL_GENERATORS
 from .spec import Inbox, Outbox, StatusSink, Transport, UserObjects, WorkerSpec
+from .thread_draws import route_module_draws
 
 __all__ = ["STOP", "WorkerCore", "sent"]
 
@@ -125,7 +135,7 @@ class WorkerCore:
     def _seed_like_torch(self) -> None:
         """Seed ``random``, NumPy and torch exactly as torch's workers do (the process's
         generators, for a core that owns its process; always its own)."""
-        from .._seeds import worker_seeds
+        from ..sampling._seeds import worker_seeds
 
         seeds = worker_seeds(self.spec.base_seed, self.spec.worker_id)
         self.scope.seed_each(seeds.python, seeds.numpy, seeds.torch)

@@ -22,8 +22,8 @@ from typing import Any
 
 import cloudpickle
 
-from .. import _scope, _torch
-from .._protocol import BatchDone, Stage, StartupFailed, WorkerMessage
+from .. import _torch
+from .._task.protocol import BatchDone, Stage, StartupFailed, WorkerMessage
 from .._transport.arena import WorkerArena
 from .._transport.budget import SlotBudget
 from .._transport.codec import Encoder, SlotPayload
@@ -31,6 +31,7 @@ from .._transport.inherited import release_foreign_memory
 from ..collate import carry_in
 from ..resources import close_all as close_per_worker_resources
 from . import parent_watch
+from . import scope as _scope
 from .core import WorkerCore
 from .fds import InheritedFd
 from .heap import HeapKeeper
@@ -184,7 +185,7 @@ def _seed_process(first: WorkerSpec) -> None:
     are seeded once, as its first core's would be, so that two processes do not draw
     alike (torch's workers' bug of old); torch's intra-op threads, which would multiply
     with the cores, are kept to one."""
-    from .._seeds import worker_seeds
+    from ..sampling._seeds import worker_seeds
 
     seeds = worker_seeds(first.base_seed, first.worker_id)
     _scope.GLOBAL_GENERATORS.seed_each(seeds.python, seeds.numpy, seeds.torch)

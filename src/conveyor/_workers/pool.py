@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._protocol import (
+from .._task.protocol import (
     BatchDone,
     Died,
     IterationEnded,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._protocol import MainMessage, Ready, Stage, StartupFailed
+from .._task.protocol import MainMessage, Ready, Stage, StartupFailed
 from .._transport.object_store import ObjectStoreEncoder
 from .core import WorkerCore
 from .ray_cluster import TraceBoard

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .._protocol import (
+from .._task.protocol import (
     GONE,
     BatchDone,
     Died,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import cast
 
-from .._protocol import GONE, RoomAhead, WorkerStatus
+from .._task.protocol import GONE, RoomAhead, WorkerStatus
 from .._transport.budget import SlotBudget, run_ahead
 from .._transport.codec import InlinePayload, PayloadHandle, SlotPayload
 from .api import BatchHandle

@@ -1,5 +1,5 @@
 """Carry a worker's exception to the main process with its type intact (this is the
-worker's half; ``conveyor._rebuild`` the main process's).
+worker's half; ``conveyor._task.rebuild`` the main process's).
 
 "Intact" means the very class object, so that ``except CorruptSample`` and
 ``isinstance`` work in the main process. cloudpickle copies every ``__main__``
@@ -23,8 +23,8 @@ from typing import Any
 
 import cloudpickle
 
-from .._protocol import RemoteError
-from .._rebuild import lookup
+from .._task.protocol import RemoteError
+from .._task.rebuild import lookup
 from .._transport.main_classes import reduce_sent_class
 from .sources import missing_sources
 

@@ -12,9 +12,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .. import _datapipes
-from .._protocol import MainMessage, Stage, WorkerMessage
-from .._supervision import SupervisionPolicy
+from .._task.protocol import MainMessage, Stage, WorkerMessage
+from .._task.supervision import SupervisionPolicy
+from .._torch import datapipes as _datapipes
 from ..collate import Registrations
 
 __all__ = [
@@ -82,7 +82,7 @@ class WorkerSpec:
     drop_last: bool
     skip_errors: bool = False  # on_error="skip": leave failing samples out
     tensors_in_main: bool = False  # the main process makes the tensors (see _torch.py)
-    reseed: str = "worker"  # see conveyor._reseed
+    reseed: str = "worker"  # see conveyor.sampling._reseed
     report_state: bool = False  # the dataset keeps a state: report it (Ready, replies)
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew

@@ -16,7 +16,7 @@ from multiprocessing.connection import wait
 
 import psutil
 
-from .._protocol import Blame, Bystander, Own, Unknown, WorkerStatus
+from conveyor._task.protocol import Blame, Bystander, Own, Unknown, WorkerStatus
 
 __all__ = ["active_s", "blame_cores", "crashed_core", "dump_stacks", "process_uss", "thread_stack"]
 

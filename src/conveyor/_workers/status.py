@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .._protocol import Stage, WorkerStatus
+from conveyor._task.protocol import Stage, WorkerStatus
 
 STATUS_BYTES = 64
 

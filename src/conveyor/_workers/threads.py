@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .._protocol import (
+from .._task.protocol import (
     GONE,
     BatchDone,
     Died,

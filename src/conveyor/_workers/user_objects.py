@@ -19,7 +19,7 @@ from typing import Any
 
 import cloudpickle
 
-from .. import _datapipes
+from .._torch import datapipes as _datapipes
 from .._transport.arena import SETUP_NAME
 from .sources import code_reducers
 from .spec import UserObjects
@@ -74,7 +74,7 @@ def _pickle_main_by_value() -> None:
 
 class _UserPickler(cloudpickle.CloudPickler):
     """cloudpickle, plus conveyor's reducers for objects that pickle their insides by
-    reference on their own (torch's DataPipe wrappers, see conveyor._datapipes), and
+    reference on their own (torch's DataPipe wrappers, see conveyor._torch.datapipes), and
     for code, which keeps its file name and source (see .sources)."""
 
     base_table: Any = cloudpickle.CloudPickler.dispatch_table

@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from .._protocol import BatchDone, Task, builder
+from conveyor._task.protocol import BatchDone, Task, builder
+
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
 

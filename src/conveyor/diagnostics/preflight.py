@@ -29,7 +29,7 @@ from typing import Any
 
 import cloudpickle
 
-from .._datapipes import is_datapipe
+from .._torch.datapipes import is_datapipe
 from .._workers import kinds
 from .._workers.kinds import WorkerKind
 from .._workers.start_method import StartMethod

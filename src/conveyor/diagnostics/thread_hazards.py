@@ -15,7 +15,7 @@ checks (``shared-*`` under fork, ``unpicklable`` under spawn) do not apply; thes
   random transforms: see .torch_draws), one per process, which threads cannot each have.
 
 ``random``'s and NumPy's module functions need no check: each thread worker draws from
-its own stand-ins (conveyor._thread_draws). A bare ``torch.rand`` in ``__getitem__``
+its own stand-ins (conveyor._workers.thread_draws). A bare ``torch.rand`` in ``__getitem__``
 cannot be told from what the dataset holds; docs/guide.md says to draw from
 ``get_worker_info().rng`` instead.
 """

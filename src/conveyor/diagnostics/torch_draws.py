@@ -3,7 +3,7 @@
 torch has one default CPU generator per process: ``torch.rand``, ``torch.randint``,
 ``Tensor.uniform_`` and their kin draw from it unless given ``generator=``. Thread
 workers (and the threads of a ``threads_per_worker`` process) cannot each have their
-own, as they do for ``random`` and NumPy's module functions (conveyor._thread_draws):
+own, as they do for ``random`` and NumPy's module functions (conveyor._workers.thread_draws):
 torch's functions reach it in C++. So what draws from it is named before the threads
 start (a warning at construction, ``conveyor.check``, ``conveyor doctor``).
 
@@ -83,7 +83,7 @@ def _draws_from_global(family: str, module: Any) -> bool:
 def _probe(module: Any) -> bool:
     """Flip a one-pixel image in a stand-in thread worker: True if torch's global
     generator moved (or the probe could not run: what the source says then holds)."""
-    from .. import _scope
+    from .._workers import scope as _scope
     from ..worker_info import WorkerInfo, install_in_torch
 
     torch = sys.modules.get("torch")

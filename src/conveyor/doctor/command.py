@@ -6,8 +6,8 @@ import argparse
 import multiprocessing
 import sys
 
-from conveyor._argtypes import positive_int
 from conveyor.doctor.advice import advise
+from conveyor.doctor.argtypes import positive_int
 from conveyor.doctor.measure import RUN_BUDGET_S, examine
 from conveyor.doctor.report import render
 from conveyor.doctor.target import DEFAULT_BATCH_SIZE, UsageError, load_target

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor import DataLoader, LoaderReplacedWarning
-from conveyor._replaced import prepared_by_conveyor
+from conveyor.integrations.replaced import prepared_by_conveyor
 
 __all__ = ["Accelerator", "prepare"]
 

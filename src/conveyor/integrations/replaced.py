@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import LoaderReplacedWarning
+from conveyor.errors import LoaderReplacedWarning
 
 __all__ = ["AcceleratePrepared", "prepared_by_conveyor"]
 

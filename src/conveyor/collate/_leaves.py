@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import _collate_errors as _err
+from conveyor.collate import _errors as _err
 
 torch: Any = None  # set by adopt(): tensors exist only once torch is loaded
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._rng_backends import draw_seed, resolve_generator
+from conveyor.sampling._rng_backends import draw_seed, resolve_generator
 
 __all__ = ["WorkerSeeds", "draw_base_seed", "worker_seeds"]
 

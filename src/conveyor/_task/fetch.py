@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import Culprit
+from conveyor.errors import Culprit
 
 _WHOLE_BATCH = Culprit(whole_batch=True)
 

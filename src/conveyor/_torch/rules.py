@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from .diagnostics import environment
-from .sampling import BatchSampler, InfiniteConstantSampler, RandomSampler, SequentialSampler
+from conveyor.diagnostics import environment
+from conveyor.sampling import (
+    BatchSampler,
+    InfiniteConstantSampler,
+    RandomSampler,
+    SequentialSampler,
+)
 
 __all__ = ["Sampling", "sampling", "start_context", "too_many_workers", "worker_arguments"]
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import _torch
+from conveyor import _torch
 
 __all__ = [
     "UsesGenerator",

@@ -4,8 +4,8 @@ The same runner serves the main process (``num_workers=0``) and every worker,
 so both follow torch's fetching rules (``__getitems__``, iterable datasets
 filling a batch, ``drop_last``) and conveyor's skipping rules alike. It
 raises nothing from user code: every outcome is a value the caller acts on
-(``_task_outcomes.py``, re-exported here). Where samples are written into their rows
-as they come, the fetch is ``_task_stream.py``'s.
+(``_task/outcomes.py``, re-exported here). Where samples are written into their rows
+as they come, the fetch is ``_task/stream.py``'s.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from . import _task_stream
-from ._collate_errors import collate_context
-from ._collate_rows import RowBatch, RowWriter
-from ._dataset_state import WorkerState
-from ._fetch import FetchError, IterableFetcher, MapFetcher, batch_indices, stop_in_getitem
-from ._protocol import Stage
-from ._reseed import Reseed
-from ._task_outcomes import (
+from conveyor._task import stream as _task_stream
+from conveyor._task.dataset_state import WorkerState
+from conveyor._task.fetch import (
+    FetchError,
+    IterableFetcher,
+    MapFetcher,
+    batch_indices,
+    stop_in_getitem,
+)
+from conveyor._task.outcomes import (
     UNWATCHED,
     Collated,
     Exhausted,
@@ -35,7 +37,11 @@ from ._task_outcomes import (
     Watcher,
     batch_failed,
 )
-from .stateful import is_stateful, load_into, save_of
+from conveyor._task.protocol import Stage
+from conveyor.collate._errors import collate_context
+from conveyor.collate._rows import RowBatch, RowWriter
+from conveyor.sampling._reseed import Reseed
+from conveyor.stateful import is_stateful, load_into, save_of
 
 __all__ = [
     "Collated",
@@ -78,7 +84,7 @@ class TaskRunner:
                 self.fetcher.resumed = resume.iter_state is not None
         else:
             self.fetcher = MapFetcher(dataset, auto_collation, collate_fn)
-        # Samples written into their rows as they come (see _collate_rows): one at a time
+        # Samples written into their rows as they come (see collate/_rows.py): one at a time
         # from a map-style dataset, into a batch that a default collate makes.
         self.rows: RowWriter | None = None
         if isinstance(self.fetcher, MapFetcher) and auto_collation and not self.fetcher.batched:
@@ -228,7 +234,7 @@ class TaskRunner:
         exclude: tuple[Any, ...],
         collating: Callable[[], AbstractContextManager[Any]],
     ) -> RowBatch | None:
-        """A batch to write sample by sample (see _task_stream), or None: as before."""
+        """A batch to write sample by sample (see _task/stream.py), or None: as before."""
         if self.rows is None or not indices:  # (an empty batch: collate says what it is)
             return None
         size = sum(1 for i in indices if i not in exclude) if exclude else len(indices)

@@ -5,7 +5,7 @@ worker answers each task with exactly one of :class:`BatchDone`, :class:`TaskFai
 :class:`IterationEnded`, and says :class:`Ready` (or :class:`StartupFailed`) once after
 start-up. What a worker is doing (:class:`WorkerStatus`) and how it ended (:class:`Died`)
 are told in the same words to the loop's judges, which therefore import no worker
-machinery: this module is shared by both sides, as ``_task.py`` is.
+machinery: this module is shared by both sides, as ``_task/runner.py`` is.
 
 Messages are frozen dataclasses without __slots__: those unpickle in C, twice as
 fast as slotted ones, which matters at thousands of batches per second.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-from .errors import Culprit
+from conveyor.errors import Culprit
 
 _T = TypeVar("_T")
 
@@ -94,7 +94,7 @@ class Stop:
 @dataclass(frozen=True)
 class SeedPipe:
     """A DataPipe dataset's shared seed for the next epoch (persistent workers): seed
-    its random parts with it before that epoch's first task (see conveyor._datapipes)."""
+    its random parts with it before that epoch's first task (see conveyor._torch.datapipes)."""
 
     seed: int
 

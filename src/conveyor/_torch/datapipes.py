@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import _torch
+from conveyor import _torch
 
 
 def is_datapipe(dataset: Any) -> bool:

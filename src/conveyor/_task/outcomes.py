@@ -1,10 +1,10 @@
 """What running a task comes to: one value per outcome, and who is told along the way.
 
-:class:`~conveyor._task.TaskRunner` raises nothing from user code: every task ends as
+:class:`~conveyor._task.runner.TaskRunner` raises nothing from user code: every task ends as
 one of :data:`TaskOutcome`'s values (a batch, nothing left, a failure, the end of an
 iterable dataset's stream), which the worker core and the inline iterator act on. A
 :class:`Watcher` (a worker's status page) is told the stage and, on a traced retry, the
-sample. Kept apart from the runner so that its streamed fetch (``_task_stream.py``)
+sample. Kept apart from the runner so that its streamed fetch (``_task/stream.py``)
 speaks the same values without importing the runner.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._protocol import Stage
-from .errors import CollateError, Culprit
+from conveyor._task.protocol import Stage
+from conveyor.errors import CollateError, Culprit
 
 __all__ = [
     "UNWATCHED",

@@ -25,7 +25,7 @@ are written into, so they can travel without another copy.
 
 This module chooses how a batch is collated here and now: torch's leaf rules or NumPy's
 (or NumPy's, deferring tensors to the main process, in a worker), and which registries
-apply. The walk itself, each element to its rule, is ``_collate_walk.py``'s.
+apply. The walk itself, each element to its rule, is ``collate/_walk.py``'s.
 """
 
 from __future__ import annotations
@@ -36,20 +36,19 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import _collate_leaves as _leaves
-from conveyor import _collate_walk as _walk
 from conveyor import _torch
-from conveyor._collate_errors import collate_context
-from conveyor._collate_leaves import DEFERRED as _DEFERRED
-from conveyor._collate_leaves import NP_SCALARS as _NP_SCALARS
-from conveyor._collate_leaves import NUMPY as _NUMPY
-from conveyor._collate_leaves import OUTPUT_ALLOCATOR, Allocator
-from conveyor._collate_leaves import Leaves as _Leaves
-from conveyor._collate_leaves import NeedsTorch as _NeedsTorch
-from conveyor._collate_registry import CollateFnMap, Dispatch, Registrations, Registries, Rule
+from conveyor.collate import _leaves, _walk
+from conveyor.collate._errors import collate_context
+from conveyor.collate._leaves import DEFERRED as _DEFERRED
+from conveyor.collate._leaves import NP_SCALARS as _NP_SCALARS
+from conveyor.collate._leaves import NUMPY as _NUMPY
+from conveyor.collate._leaves import OUTPUT_ALLOCATOR, Allocator
+from conveyor.collate._leaves import Leaves as _Leaves
+from conveyor.collate._leaves import NeedsTorch as _NeedsTorch
+from conveyor.collate._registry import CollateFnMap, Dispatch, Registrations, Registries, Rule
 
 # The walk's own switch, set for a worker core's scope; importable from here as before.
-from conveyor._collate_walk import make_tensors_in_main as make_tensors_in_main
+from conveyor.collate._walk import make_tensors_in_main as make_tensors_in_main
 
 torch: Any = _torch.load()  # None without torch, or in a worker that defers it
 
@@ -162,7 +161,7 @@ def _exact_leaves() -> _Leaves:
     return leaves
 
 
-# --- what streaming collate (_collate_rows.py) asks ----------------------------------
+# --- what streaming collate (collate/_rows.py) asks ----------------------------------
 
 
 def streams(collate_fn: Any) -> bool:

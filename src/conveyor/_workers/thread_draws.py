@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _scope
+from conveyor._workers import scope as _scope
 
 __all__ = ["route_module_draws"]
 

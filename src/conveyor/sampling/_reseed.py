@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ._scope import GLOBAL_GENERATORS
-from .errors import ConfigError
+from conveyor._workers.scope import GLOBAL_GENERATORS
+from conveyor.errors import ConfigError
 
 __all__ = ["RESEED", "Reseed", "check_reseed", "kept_global_rngs"]
 

@@ -108,6 +108,11 @@ class WorkerInfo:
     worker_method: str = "multiprocessing"
 
 
+# Where users import it from (conveyor.worker_info): its repr and pickles name that module.
+# Set after the class is made: @dataclass resolves its annotations in the defining module.
+WorkerInfo.__module__ = "conveyor.worker_info"
+
+
 class _GlobalGenerators:
     """The process's own generators: ``random``, NumPy's global ``RandomState`` and
     torch's default CPU generator (if torch is imported), as torch's process workers
@@ -132,7 +137,7 @@ _SEEDED = object()  # a stand-in's seed was applied
 
 class ModuleStandIns:
     """What ``random``'s and NumPy's module functions draw from in a thread core (see
-    conveyor._thread_draws): a ``random.Random`` and a legacy ``numpy.random.RandomState``
+    conveyor._workers.thread_draws): a ``random.Random`` and a legacy ``numpy.random.RandomState``
     of its own, seeded and reseeded exactly as a process worker's module generators are,
     so ``random.random()`` or ``np.random.rand()`` in ``__getitem__`` draw the same on a
     thread as on a process. Each is made, or reseeded, on first use after a seeding:

@@ -1,7 +1,7 @@
 """A task's streamed fetch: each sample written into its row of the batch as it comes.
 
 Where the runner streams (a default collate, a map-style dataset fetched one sample at a
-time: see ``_collate_rows.py``), :func:`stream` fetches each sample and hands it to the
+time: see ``collate/_rows.py``), :func:`stream` fetches each sample and hands it to the
 batch at once, leaving out the ones that fail under ``on_error="skip"``, and
 :func:`finish` makes the batch whole. A sample that does not fit the batch's plan turns
 the rest of the batch back to the ordinary path, fetched samples kept and collated by the
@@ -14,12 +14,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._collate_errors import collate_context
-from ._collate_rows import RowBatch
-from ._fetch import stop_in_getitem
-from ._protocol import Stage
-from ._task_outcomes import Collated, Failed, LeftOut, NothingLeft, TaskOutcome, batch_failed
-from .errors import Culprit
+from conveyor._task.fetch import stop_in_getitem
+from conveyor._task.outcomes import (
+    Collated,
+    Failed,
+    LeftOut,
+    NothingLeft,
+    TaskOutcome,
+    batch_failed,
+)
+from conveyor._task.protocol import Stage
+from conveyor.collate._errors import collate_context
+from conveyor.collate._rows import RowBatch
+from conveyor.errors import Culprit
 
 __all__ = ["Streamed", "finish", "stream"]
 
@@ -43,7 +50,7 @@ def stream(
     *,
     skip_errors: bool,
 ) -> Streamed | NothingLeft | Failed:
-    """Fetch each sample and write it into its row at once (see _collate_rows): what
+    """Fetch each sample and write it into its row at once (see collate/_rows.py): what
     was fetched, or the failure that ends the batch. From the first sample that does
     not fit the batch's plan on, samples are kept as they are (those before rebuilt
     from their rows), and the batch is collated as before."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from conveyor.errors import ConfigError
 
 __all__ = ["ON_ERROR", "ON_TIMEOUT", "SupervisionPolicy", "is_number"]
 

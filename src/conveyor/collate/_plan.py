@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from conveyor import _collate_leaves as _leaves
-from conveyor._collate_errors import Attr
-from conveyor._collate_leaves import NATIVE_DTYPES, NP_SCALARS, _out_buffer
-from conveyor._collate_registry import Rule
-from conveyor._collate_walk import collate_at
+from conveyor.collate import _leaves
+from conveyor.collate._errors import Attr
+from conveyor.collate._leaves import NATIVE_DTYPES, NP_SCALARS, _out_buffer
+from conveyor.collate._registry import Rule
+from conveyor.collate._walk import collate_at
 
 __all__ = ["STREAM_MIN_BYTES", "BatchMemory", "Column", "Node", "Rows", "make_plan", "rows_of"]
 
@@ -107,7 +107,7 @@ class Rows(Node):
         self.out: np.ndarray | None = None  # the batch's memory, on the first write
         self.tensor_out: Any = None  # the same, made by torch (no output allocator)
         self.own = False  # the memory is the batch's own (no output allocator gave it)
-        # What owns the first row's memory (see _collate_rows.RowWriter.first_dropped).
+        # What owns the first row's memory (see collate._rows.RowWriter.first_dropped).
         self.probe: Any = None
         self._batch: BatchMemory | None = None  # the batch being written
 

@@ -2,7 +2,7 @@
 
 The classes mirror ``torch.utils.data``'s samplers (torch 2.13): same
 signatures, defaults, ``len`` and exception types. Two backends draw the
-random numbers (``_rng_backends.py``):
+random numbers (``sampling/_rng_backends.py``):
 
 * torch installed: torch's RNG, called in exactly the order torch's samplers
   call it, so a seed (``torch.manual_seed`` or a seeded ``torch.Generator``)
@@ -13,7 +13,7 @@ random numbers (``_rng_backends.py``):
   ``generator=None`` means fresh OS entropy for every epoch.
 
 Indices are always plain Python ints. The seeds (:func:`draw_base_seed`,
-:func:`worker_seeds`) are ``_seeds.py``'s, re-exported here.
+:func:`worker_seeds`) are ``sampling/_seeds.py``'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar, cast
 
-from . import _rng_backends as _draws
-from . import _torch
-from ._seeds import WorkerSeeds, draw_base_seed, worker_seeds
-from .stateful import is_stateful
+from conveyor import _torch
+from conveyor.sampling import _rng_backends as _draws
+from conveyor.sampling._seeds import WorkerSeeds, draw_base_seed, worker_seeds
+from conveyor.stateful import is_stateful
 
 # None without torch: then the samplers have no torch class to pass for (see _torch_twin).
 torch: Any = _torch.load()

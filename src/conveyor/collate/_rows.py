@@ -11,7 +11,7 @@ Only arrays and tensors are written row by row: they are what a batch's bytes ar
 other leaf (numbers, strings, a registered function's type, a container collate cannot
 stream) is kept as the column of its values and collated at the end by the very rule
 ``default_collate`` applies to it, so the batch is the one ``default_collate`` builds.
-The plan of a batch (``_collate_plan.py``: one node per place in the samples) is made
+The plan of a batch (``collate/_plan.py``: one node per place in the samples) is made
 from its first sample and checked against every later one (and reused for the next batch
 while its first sample fits): a sample that does not fit makes the caller collate the
 batch as before, from the samples written so far rebuilt from their rows
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from conveyor import _collate_leaves as _leaves
 from conveyor import collate as _collate
-from conveyor._collate_plan import Node, Rows, make_plan, rows_of
+from conveyor.collate import _leaves
+from conveyor.collate._plan import Node, Rows, make_plan, rows_of
 
 __all__ = ["RowBatch", "RowWriter"]
 

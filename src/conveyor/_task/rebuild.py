@@ -1,7 +1,7 @@
 """A worker's exception, rebuilt in the main process as an instance of its own type.
 
 The worker side (``_workers/remote_error.py``'s ``capture``) packs the exception as a
-:class:`~conveyor._protocol.RemoteError`; this is the other half: the very class object
+:class:`~conveyor._task.protocol.RemoteError`; this is the other half: the very class object
 where this process has it (``except CorruptSample`` and ``isinstance`` work), a class
 found by module and qualname preferred over a by-value copy (a spawn worker has the
 class only by value, as the dataset brought it), and a :class:`WorkerError` naming the
@@ -15,8 +15,8 @@ import pickle
 import sys
 from typing import Any
 
-from ._protocol import RemoteError
-from .errors import WorkerError
+from conveyor._task.protocol import RemoteError
+from conveyor.errors import WorkerError
 
 __all__ = ["lookup", "rebuild"]
 

@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from conveyor import _collate_errors as _err
-from conveyor import _collate_leaves as _leaves
-from conveyor import _scope
-from conveyor._collate_leaves import DEFERRED as _DEFERRED
-from conveyor._collate_leaves import NP_SCALARS as _NP_SCALARS
-from conveyor._collate_leaves import NUMPY as _NUMPY
-from conveyor._collate_leaves import Leaves as _Leaves
-from conveyor._collate_leaves import NeedsTorch as _NeedsTorch
-from conveyor._collate_registry import Call, Dispatch, Rule
+from conveyor._workers import scope as _scope
+from conveyor.collate import _errors as _err
+from conveyor.collate import _leaves
+from conveyor.collate._leaves import DEFERRED as _DEFERRED
+from conveyor.collate._leaves import NP_SCALARS as _NP_SCALARS
+from conveyor.collate._leaves import NUMPY as _NUMPY
+from conveyor.collate._leaves import Leaves as _Leaves
+from conveyor.collate._leaves import NeedsTorch as _NeedsTorch
+from conveyor.collate._registry import Call, Dispatch, Rule
 
 __all__ = [
     "by_rule",
