@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,9 @@ KINDS = [
 ]
 
 
-def _rows(batches: list[Any]) -> np.ndarray:
-    return np.concatenate([np.asarray(b) for b in batches])
+def _rows(batches: Iterable[Any]) -> np.ndarray:
+    """The batches' rows, copied as each comes (a batch is a view of its worker's memory)."""
+    return np.concatenate([np.asarray(b).copy() for b in batches])
 
 
 def _calls_made(log: Path) -> collections.Counter[tuple[int, int]]:
@@ -109,7 +111,7 @@ def test_each_epoch_reaches_every_workers_copy_once(
     with no_leaks():
         for epoch in range(EPOCHS):
             dataset.set_epoch(epoch)
-            rows = _rows(list(loader))
+            rows = _rows(loader)
             seen.append(sorted(set(rows[:, 0].tolist())))
             served.append(set(rows[:, 2].tolist()))
         del loader
@@ -131,8 +133,8 @@ def test_a_call_made_mid_epoch_reaches_the_workers_as_the_next_epoch_starts(
         it = iter(loader)
         first = _rows([next(it)])
         dataset.set_epoch(5)  # while workers fetch epoch 1: not for them now
-        this_epoch = np.concatenate([first, _rows(list(it))])
-        next_epoch = _rows(list(loader))  # no call before it: the last one made
+        this_epoch = np.concatenate([first, _rows(it)])
+        next_epoch = _rows(loader)  # no call before it: the last one made
         del it, loader
     assert set(this_epoch[:, 0].tolist()) == {1}
     assert set(next_epoch[:, 0].tolist()) == {5}
@@ -149,7 +151,7 @@ def test_an_iterable_dataset_is_told_before_each_workers_iterator_is_made(
     with no_leaks():
         for epoch in range(EPOCHS):
             dataset.set_epoch(epoch)
-            rows = _rows([np.asarray(b)[None] for b in loader])
+            rows = _rows(np.asarray(b)[None] for b in loader)
             assert sorted(rows[:, 1].tolist()) == list(range(12))  # each item once
             epochs.append(sorted(set(rows[:, 0].tolist())))
         del loader
@@ -162,10 +164,11 @@ def test_a_call_that_raises_in_a_worker_is_raised_with_its_type(persistent: bool
     loader = DataLoader(dataset, num_workers=2, persistent_workers=persistent)
     with no_leaks():
         dataset.set_epoch(0)
-        assert len(list(loader)) == 8
+        assert sum(1 for _ in loader) == 8
         dataset.set_epoch(1)  # fine here; raises in each worker
         with pytest.raises(KeyError, match="no shuffle for epoch 1 in worker") as raised:
-            list(loader)
+            for _ in loader:
+                pass
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         del raised, loader  # (its traceback holds the iterator)
     assert "fetch" in notes and "set_epoch" in notes  # the stage, and the worker's traceback
@@ -199,13 +202,14 @@ def _run_until_epoch_2(kind: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray
     loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True, **kind)
     for epoch in range(2):
         dataset.set_epoch(epoch)
-        list(loader)
+        for _ in loader:
+            pass
     dataset.set_epoch(2)
     it = iter(loader)
     for _ in range(3):
         next(it)
     state = json.loads(json.dumps(loader.state_dict()))
-    rest = _rows(list(it))
+    rest = _rows(it)
     del it, loader
     return state, rest
 
@@ -234,9 +238,9 @@ def test_a_run_resumed_mid_epoch_2_sees_epoch_2(
         persistent = resumed["num_workers"] > 0
         loader = DataLoader(dataset, batch_size=2, persistent_workers=persistent, **resumed)
         loader.load_state_dict(state)  # and no set_epoch(2): the state says it
-        again = _rows(list(loader))
+        again = _rows(loader)
         dataset.set_epoch(3)
-        after = _rows(list(loader))
+        after = _rows(loader)
         del loader
     assert again[:, :2].tolist() == rest[:, :2].tolist()
     assert set(again[:, 0].tolist()) == {2}
