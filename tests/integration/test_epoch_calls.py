@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import json
+import random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 
 from conveyor import DataLoader, IterableDataset, get_worker_info
 from tests.helpers.leaks import no_leaks
+from tests.resume.datasets import seeded
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -172,6 +174,46 @@ def test_a_call_that_raises_in_a_worker_is_raised_with_its_type(persistent: bool
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         del raised, loader  # (its traceback holds the iterator)
     assert "fetch" in notes and "set_epoch" in notes  # the stage, and the worker's traceback
+
+
+class SeedsGlobals(Epochs):
+    """A set_epoch that seeds the process's generators (``random.seed(epoch)``); samples
+    are ``[epoch, i, worker, a draw from random, a draw from NumPy's module]``."""
+
+    def set_epoch(self, epoch: int) -> None:
+        random.seed(epoch)
+        np.random.seed(epoch)
+        self.epoch = epoch
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([*super().__getitem__(i), random.random(), np.random.rand()])
+
+
+@pytest.mark.parametrize("kind", [FORK, THREAD], ids=["fork", "thread"])
+def test_a_replayed_call_changes_the_copy_not_the_workers_random_streams(
+    kind: dict[str, Any],
+) -> None:
+    """A worker's draws are seeded per worker, as torch seeds them; the call the loop
+    replays changes its copy of the dataset, and its draws are those of a worker that
+    was never told (a worker started afresh each epoch, as torch's are)."""
+
+    def run(epoch_calls: tuple[str, ...]) -> np.ndarray:
+        dataset = SeedsGlobals()
+        loader = DataLoader(
+            dataset, num_workers=2, generator=seeded(5), epoch_calls=epoch_calls, **kind
+        )
+        epochs = []
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            epochs.append(_rows(loader))
+        return np.concatenate(epochs)
+
+    with no_leaks():
+        told, untold = run(("set_epoch",)), run(())
+    assert told[:, 0].tolist() == [0] * 8 + [1] * 8
+    assert told.tolist() == untold.tolist()
+    worker_0, worker_1 = (told[told[:, 2] == w][:, 3:] for w in (0, 1))
+    assert worker_0.tolist() != worker_1.tolist()  # each worker its own draws
 
 
 def test_a_dataset_without_the_method_is_left_as_it_is() -> None:

@@ -51,7 +51,7 @@ from .._task.runner import (
 from .._torch import datapipes as _datapipes
 from ..collate import default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
-from ..sampling._reseed import Reseed
+from ..sampling._reseed import Reseed, kept_global_rngs
 from ..worker_info import WorkerInfo, install_in_torch
 from . import scope as _scope
 from .remote_error import capture
@@ -115,7 +115,7 @@ class WorkerCore:
         if spec.calls:  # the training loop's calls since this copy was made (set_epoch...)
             self.status.stage(Stage.FETCH)
             try:
-                replay(user.dataset, spec.calls)
+                self._replay_kept(spec.calls)
             except BaseException as exc:
                 return StartupFailed(Stage.FETCH, capture(exc))
         self.status.stage(Stage.WORKER_INIT)
@@ -206,9 +206,16 @@ class WorkerCore:
         an epoch starts. What one raises fails the next task instead (the loop raises it
         at that batch's place, with this worker's note)."""
         try:
-            replay(self.user.dataset, calls)
+            self._replay_kept(calls)
         except BaseException as exc:
             self._call_failed = exc
+
+    def _replay_kept(self, calls: tuple[DatasetCall, ...]) -> None:
+        """The calls change this copy of the dataset, not the worker's random streams,
+        seeded per worker as torch seeds them (a set_epoch that calls random.seed(epoch)
+        would give every worker the same draws)."""
+        with kept_global_rngs(with_torch=self._owns_process):
+            replay(self.user.dataset, calls)
 
     def _task(self, task: Task) -> TaskReply:
         if (failed := self._call_failed) is not None:
