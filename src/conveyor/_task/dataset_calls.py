@@ -120,10 +120,16 @@ class _Recorder:
 
 
 def _method(obj: Any, name: str) -> Any:
-    """``obj``'s method ``name`` as its class defines it, bound to ``obj``."""
-    attribute = inspect.getattr_static(type(obj), name)
-    get = getattr(type(attribute), "__get__", None)
-    return get(attribute, obj, type(obj)) if get is not None else attribute
+    """``obj``'s method ``name`` as its class defines it, bound to ``obj`` (looked up on
+    each call, as Python looks it up: a method patched on the class later is the one
+    called)."""
+    cls = type(obj)
+    for klass in cls.__mro__:
+        attribute = klass.__dict__.get(name, _MISSING)
+        if attribute is not _MISSING:
+            get = getattr(type(attribute), "__get__", None)
+            return get(attribute, obj, cls) if get is not None else attribute
+    raise AttributeError(f"{cls.__name__!r} object has no method {name!r}")
 
 
 def _own(obj: Any) -> dict[str, Any] | None:
