@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,36 @@ def test_a_call_that_raises_in_a_worker_is_raised_with_its_type(persistent: bool
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         del raised, loader  # (its traceback holds the iterator)
     assert "fetch" in notes and "set_epoch" in notes  # the stage, and the worker's traceback
+
+
+class WaitingEpochs(Epochs):
+    """Each sample waits 4 ms (storage stands in): ``num_workers="auto"`` adds workers."""
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        threading.Event().wait(0.004)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("kind", [THREAD, FORK], ids=["thread", "fork"])
+def test_a_worker_the_autotuner_adds_serves_the_epoch_the_others_serve(
+    kind: dict[str, Any], tmp_path: Path
+) -> None:
+    """Added mid-epoch, after the training loop told the main process's dataset of the
+    next epoch: its copy (of the dataset as it is then) is told of this one first."""
+    dataset = WaitingEpochs(n=1200)
+    with no_leaks():
+        loader = DataLoader(dataset, batch_size=4, num_workers="auto", **kind)
+        started = loader.num_workers
+        dataset.set_epoch(1)
+        it = iter(loader)
+        first = _rows([next(it)])
+        dataset.set_epoch(9)  # for the next epoch
+        rows = np.concatenate([first, _rows(it)])
+        stats = loader.statistics()
+        del it, loader
+    assert stats is not None and len(stats.workers) > started, "no worker was added"
+    assert len(set(rows[:, 2].tolist())) > started  # and the added ones served samples
+    assert set(rows[:, 0].tolist()) == {1}
 
 
 class SeedsGlobals(Epochs):
