@@ -13,7 +13,7 @@ import os
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -24,6 +24,7 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.parse_state import parse
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint
+from ._task.dataset_calls import replay_in_main, watch
 from ._torch.rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options
 from .diagnostics.preflight import run_automatic, warn_at_construction
@@ -87,6 +88,12 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     threads_per_worker`` in all, as ``get_worker_info()`` and checkpoints count them);
     for samples that wait on storage, many requests open at the memory cost of a few
     processes. See docs/guide.md.
+    ``epoch_calls`` (default ``("set_epoch",)``): the dataset's methods whose calls reach
+    every worker's copy of it. What the training loop calls on the dataset between
+    epochs (``dataset.set_epoch(epoch)``) is made again on each worker's copy before that
+    worker fetches the next epoch's first sample (an iterable dataset: before its
+    iterator is made), with the last call's arguments; persistent workers, thread
+    workers and replacements included. A checkpoint keeps those calls. ``()``: none.
     """
 
     _initialized = False
@@ -132,6 +139,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         report: bool = False,
         worker_options: Mapping[str, Any] | None = None,
         threads_per_worker: int = 1,
+        epoch_calls: Sequence[str] = ("set_epoch",),
     ) -> None:
         arguments = locals()  # conveyor's own options go on by name: Options' fields
         config = LoaderConfig.from_torch_args(
@@ -142,6 +150,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             **{name: arguments[name] for name in self.conveyor_options},
         )  # fmt: skip
         self._adopt(config)
+        watch(config.dataset, config.options.epoch_calls)  # the instance's, never its class's
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -176,6 +185,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # collate_fn, timeout...): the config follows them.
             config = self._config.following(name, getattr(self, name))
             super().__setattr__("_config", config)
+            if name == "epoch_calls":
+                watch(config.dataset, config.options.epoch_calls)
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
@@ -270,6 +281,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._pending_state = parse(
             state_dict, dataset_len=self._dataset_len(), iterable=self._config.iterable
         )
+        # The dataset as the run the state was taken in had it (set_epoch...): every worker
+        # started from now on gets those calls; one the user makes afterwards wins.
+        config = self._config
+        replay_in_main(config.dataset, self._pending_state.calls, config.options.epoch_calls)
         primed, self._primed = self._primed, None
         if primed is not None:
             primed.close()
