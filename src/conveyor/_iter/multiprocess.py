@@ -51,9 +51,10 @@ from .state import ResumePoint
 from .steps import EpochEnd, GiveUp, Handout, Wait
 from .supervisor import Supervisor
 from .tally import Tally
+from .unpicklable import Unpicklable
 
 
-class MultiprocessIterator:
+class MultiprocessIterator(Unpicklable):
     def __init__(
         self,
         config: LoaderConfig,
