@@ -157,7 +157,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._preflight_pending = config.options.preflight  # on the first iter() with workers
         self._last_iterator: weakref.ref[Any] | None = None
         self._history = LoaderHistory()  # epochs, skipped samples, last statistics
-        self._iterator: Any = None  # persistent workers' pass (torch's attribute)
+        self._iterator: MultiprocessIterator | None = None
         self._config = config
         self._initialized = True
         self.check_worker_number_rationality()
@@ -224,25 +224,27 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # (or state_dict()) line: four frames up.
             run_automatic(config, stacklevel=4)
             self._preflight_pending = False
+        resume, self._pending_state = self._pending_state, None
         if not self._history.warned_duplicates:
             text = unsharded_ranks(config)
             if text is not None:
                 self._history.warned_duplicates = True
                 # At the user's iter() (or state_dict()) line: three frames up.
                 warnings.warn(text, DuplicateDataWarning, stacklevel=3)
-        if self.num_workers > 0 and self.prefetch_factor == 0:
+        if self.num_workers == 0:
+            iterator = InlineIterator(config, self._history, resume)
+        elif self.prefetch_factor == 0:
             raise PrefetchFactorError(
                 "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
                 "use prefetch_factor >= 1 (2 is the default)"
             )
-        if self.num_workers == 0 or not self.persistent_workers:
-            if self.num_workers > 0:
-                self.check_worker_number_rationality()
-            iterator = self._get_iterator()
-        elif self._iterator is None or self._iterator.closed or self._pending_state is not None:
+        elif not self.persistent_workers:
+            self.check_worker_number_rationality()
+            iterator = MultiprocessIterator(config, self._history, resume=resume)
+        elif self._iterator is None or self._iterator.closed or resume is not None:
             if self._iterator is not None:
                 self._iterator.close()
-            iterator = self._iterator = self._get_iterator()
+            iterator = self._iterator = MultiprocessIterator(config, self._history, resume=resume)
         else:
             self._iterator.reset()
             iterator = self._iterator
@@ -251,24 +253,6 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._last_iterator = weakref.ref(iterator)
         self._progress = iterator.progress
         return iterator
-
-    def _get_iterator(self) -> InlineIterator | MultiprocessIterator:
-        """A new pass over the loader, as torch's method of that name makes one (a
-        subclass that overrides it is honoured); a loaded state resumes in it."""
-        resume, self._pending_state = self._pending_state, None
-        if self.num_workers == 0:
-            return InlineIterator(self._config, self._history, resume)
-        return MultiprocessIterator(self._config, self._history, resume=resume)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What a pickle or a deep copy of the loader holds: its arguments, options and
-        history, as torch's holds its arguments; never a pass under way or its workers
-        (the copy starts a fresh epoch, as torch's does). Lightning pickles loaders for
-        ``ddp_spawn``, and ``CombinedLoader`` with them."""
-        state = dict(self.__dict__)
-        state.update(_primed=None, _iterator=None, _last_iterator=None, _progress=None)
-        state["_history"] = dataclasses.replace(self._history, tracer=None)
-        return state
 
     # --- checkpoint and resume ------------------------------------------------------
 

@@ -148,25 +148,13 @@ def check_fits(part: RankPart, sharding: Sharding | None, what: str) -> None:
     for key, saved in part.order.items():
         if key == "epoch":
             continue  # the state's epoch wins: the sampler's may not be set yet
-        if key in mine and _comparable(key, mine[key]) != _comparable(key, saved):
+        if key in mine and mine[key] != saved:
             raise StateError(
                 f"This state was taken by {taken} with an epoch order of {key}={saved!r}; "
                 f"this loader's sampler has {key}={mine[key]!r}, so it would deal another "
                 f"order and deliver some samples twice and others never. Fix: build the "
                 f"sampler with {key}={saved!r}, as the run did."
             )
-
-
-def _comparable(key: str, value: Any) -> Any:
-    """A sampler's class as a state names it, the same for torch's and conveyor's twin
-    (a loader built from ``shuffle`` holds torch's RandomSampler where torch is, conveyor's
-    before 0.2 and without torch): both draw the same order from the same generator."""
-    if key != "sampler" or not isinstance(value, str):
-        return value
-    for module in ("conveyor.sampling.", "torch.utils.data.sampler."):
-        if value.startswith(module):
-            return value[len(module) :]
-    return value
 
 
 def resumed_epoch(part: RankPart, sharding: Sharding, order: Sequence[int]) -> ResumedEpoch:

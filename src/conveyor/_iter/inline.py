@@ -32,12 +32,11 @@ from .progress import Progress
 from .skips import SkipLedger, notes_here
 from .state import ResumePoint
 from .tally import Tally
-from .unpicklable import Unpicklable
 
 _NO_WORKER = -1  # the training thread, as the worker its tasks are for
 
 
-class InlineIterator(Unpicklable):
+class InlineIterator:
     def __init__(
         self, config: LoaderConfig, history: LoaderHistory, resume: ResumePoint | None = None
     ) -> None:

@@ -51,10 +51,9 @@ from .state import ResumePoint
 from .steps import EpochEnd, GiveUp, Handout, Wait
 from .supervisor import Supervisor
 from .tally import Tally
-from .unpicklable import Unpicklable
 
 
-class MultiprocessIterator(Unpicklable):
+class MultiprocessIterator:
     def __init__(
         self,
         config: LoaderConfig,
