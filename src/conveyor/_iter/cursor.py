@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..config import LoaderConfig
-from ..sampling import BatchIterator, batches
+from ..sampling import BatchIterator
 from ..stateful import is_stateful, save_of
 from .elastic import RankPart
 from .rng import Streams
@@ -118,7 +118,7 @@ class SamplerCursor:
             self.samples_drawn = samples
 
     def _open(self) -> None:
-        self._iter = batches(self._sampler)
+        self._iter = iter(self._sampler)
         self._stateful = self._keeps_state()
         self.drawn = self.samples_drawn = 0
         self._before.clear()

@@ -308,32 +308,8 @@ class InfiniteConstantSampler(Sampler[None]):
 # --- what the loop asks of a sampler ---------------------------------------------
 
 
-def _twins(name: str) -> tuple[type, ...]:
-    """conveyor's class of that name, and torch's when torch is here."""
-    ours: type = globals()[name]
-    return (ours, getattr(torch.utils.data, name)) if torch is not None else (ours,)
-
-
-def plain_batches(index_sampler: Any) -> bool:
-    """Whether ``index_sampler`` is torch's own ``BatchSampler`` or conveyor's (exactly:
-    a subclass may batch otherwise), whose batches are runs of its sampler's outputs."""
-    return type(index_sampler) in _twins("BatchSampler")
-
-
-def batches(index_sampler: Any) -> Iterator[Any]:
-    """One pass of ``index_sampler``: for a plain batch sampler (torch's, which a loader
-    built from ``batch_size`` holds as torch's would, or conveyor's) a resumable
-    :class:`BatchIterator` kept beside it, so that checkpoints reach a stateful sampler
-    inside it; any other sampler's own iterator."""
-    if plain_batches(index_sampler):
-        return BatchIterator(index_sampler)
-    return iter(index_sampler)
-
-
 def consecutive_batches(index_sampler: Any) -> bool:
-    """Whether every batch ``index_sampler`` yields is a run of consecutive ints: a plain
-    batch sampler over a ``SequentialSampler`` (torch's or conveyor's: the default
-    without ``shuffle``), whose iterator draws from a ``range``."""
-    return plain_batches(index_sampler) and type(index_sampler.sampler) in _twins(
-        "SequentialSampler"
-    )
+    """Whether every batch ``index_sampler`` yields is a run of consecutive ints:
+    conveyor's own ``BatchSampler`` over its own ``SequentialSampler`` (the
+    default without ``shuffle``), whose iterator draws from a ``range``."""
+    return type(index_sampler) is BatchSampler and type(index_sampler.sampler) is SequentialSampler
