@@ -1,16 +1,22 @@
-"""A Sphinx extension: the build fails on a public name the reference leaves out or that
-has no docstring.
+"""conveyor's Sphinx extension: the reference covers every public name, each documented.
 
 conveyor's public names are the ``__all__`` of the modules in :data:`PUBLIC_MODULES`.
 autodoc on its own documents what it is pointed at and skips a member with no docstring
-without a word; here each public name must be documented on some page of the reference
-(under any of its import paths), and each object autodoc documents there — a class, a
-function, a method, a property, a record's field — must have a docstring (a dataclass's
-generated ``Name(field: type, ...)`` is none). Each miss is a warning, which ``-W`` turns
-into an error.
+without a word. Here each public name must be on some page of the reference (under any
+of its import paths), and each object autodoc shows there — a class, a function, a
+method, a property, a record's field, an enum member — must have a docstring (a
+dataclass's generated ``Name(field: type, ...)`` is none). Each miss is a warning, which
+``-W`` turns into an error.
+
+And for the reader: inline code that names one documented object links to it on every
+page (the guide's ``WorkerCrashedError``); "Bases:" shows public classes only; an
+exception shows no constructor signature; the guide's link to ``../README.md`` leads to
+the front page; a name that is real but on no page (a type variable, the ``Tracer`` that
+``loader.trace()`` yields) stays text, while a typo still fails the build.
 
 This module imports nothing from Sphinx at the top: ``tests/unit/test_docstrings.py`` reads
-:data:`PUBLIC_MODULES` and :func:`missing_docstring` from it without Sphinx installed.
+:data:`PUBLIC_MODULES`, :func:`missing_docstring` and :func:`undocumented_fields` from it
+without Sphinx installed.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ PUBLIC_MODULES = (
     "conveyor.stateful",
     "conveyor.integrations.accelerate",
 )
+
+
+NOT_FOUND = object()  # public_names()'s object for a name it cannot import
 
 
 def public_names() -> Iterator[tuple[str, str, Any]]:
@@ -171,6 +180,7 @@ def setup(app: Any) -> dict[str, Any]:
                 subtype="coverage",
             )
 
+    app.connect("builder-inited", _import_public_modules)
     app.connect("autodoc-process-docstring", on_docstring)
     app.connect("autodoc-process-bases", _public_bases)
     app.connect("autodoc-process-signature", _no_exception_signature)
@@ -178,11 +188,22 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("build-finished", on_finished)
     app.add_post_transform(_repository_links())
     app.add_post_transform(_code_links())
-    return {"version": "1", "parallel_read_safe": False, "parallel_write_safe": True}
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+def _import_public_modules(app: Any) -> None:
+    """Import the public modules once, with autodoc's stand-ins for what is not installed
+    (accelerate): an incremental build that reads no page of theirs, and this extension's
+    own lookups, then find them as autodoc does."""
+    from sphinx.ext.autodoc.mock import mock
+
+    with mock(app.config.autodoc_mock_imports):
+        for module_name in PUBLIC_MODULES:
+            importlib.import_module(module_name)
 
 
 def _public_bases(app: Any, name: str, obj: Any, options: Any, bases: list[Any]) -> None:
-    """ "Bases:" names public classes only: a private base (``_NamesWorker``, a class of a
+    """Only public classes after "Bases:": a private base (``_NamesWorker``, a class of a
     private module) gives way to its own bases, and ``Generic[T]`` and ``object`` go."""
     shown: list[Any] = []
     todo = list(bases)
@@ -236,9 +257,6 @@ def _unlinked_but_real(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         if isinstance(module, str) and module.startswith("conveyor"):
             return contnode
     return None
-
-
-NOT_FOUND = object()
 
 
 def _find(dotted: str) -> Any:
