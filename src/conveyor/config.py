@@ -109,6 +109,12 @@ class Options:
     #: its own (``num_workers * threads_per_worker`` in all, as ``get_worker_info()`` and
     #: checkpoints count them): many requests open at the memory of a few processes.
     threads_per_worker: int = 1
+    #: The dataset's methods whose calls between epochs reach every worker's copy: what
+    #: the training loop calls (``dataset.set_epoch(epoch)``) is made again, with the last
+    #: call's arguments, on each worker's copy before it fetches the next epoch's first
+    #: sample; persistent workers, thread workers and replacements included, and a
+    #: checkpoint keeps those calls. ``()``: none.
+    epoch_calls: tuple[str, ...] = ("set_epoch",)
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 (made now: it checks the failure options)
@@ -129,6 +135,7 @@ class Options:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ConfigError(f"threads_per_worker must be an int >= 1, got {threads!r}")
         kind.refuse_cores(threads)
+        object.__setattr__(self, "epoch_calls", _method_names(self.epoch_calls))
 
     @functools.cached_property
     def policy(self) -> SupervisionPolicy:
@@ -150,6 +157,19 @@ class Options:
     def snapshot_every(self) -> int:
         """``snapshot_every_n_steps`` as a count (0: no periodic snapshot)."""
         return self.snapshot_every_n_steps or 0
+
+
+def _method_names(names: Any) -> tuple[str, ...]:
+    """``epoch_calls`` as a tuple of method names; a ConfigError naming a bad value."""
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise ConfigError(
+            f"epoch_calls must be a tuple of the dataset's method names, e.g. "
+            f"('set_epoch', 'set_difficulty'), or () for none; got {names!r}"
+        )
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"epoch_calls names the method {name!r}, which is no method name")
+    return tuple(names)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -24,6 +24,7 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.parse_state import parse
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint
+from ._task.dataset_calls import replay_in_main, watch
 from ._torch.rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options
 from .diagnostics.preflight import run_automatic, warn_at_construction
@@ -70,7 +71,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     :class:`~conveyor.config.Options`: what to do when workers die, hang or meet a bad
     sample (``max_worker_restarts``, ``on_error``, ``max_errors``, ``stall_warning``,
     ``on_timeout``), the pre-flight checks (``preflight``), random draws independent
-    of the worker count (``reseed``), the kind of worker (``worker_method``,
+    of the worker count (``reseed``), the dataset's calls between epochs that reach
+    every worker's copy (``epoch_calls``), the kind of worker (``worker_method``,
     ``worker_options``, ``threads_per_worker``), ``run_ahead``, and what the loader
     shows as it runs (``progress``, ``report``). Their defaults change nothing a
     torch user relies on, except that a dead worker is replaced instead of ending the
@@ -120,6 +122,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         report: bool = False,
         worker_options: Mapping[str, Any] | None = None,
         threads_per_worker: int = 1,
+        epoch_calls: Sequence[str] = ("set_epoch",),
     ) -> None:
         arguments = locals()  # conveyor's own options go on by name: Options' fields
         config = LoaderConfig.from_torch_args(
@@ -130,6 +133,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             **{name: arguments[name] for name in self.conveyor_options},
         )  # fmt: skip
         self._adopt(config)
+        watch(config.dataset, config.options.epoch_calls)  # the instance's, never its class's
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -164,6 +168,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # collate_fn, timeout...): the config follows them.
             config = self._config.following(name, getattr(self, name))
             super().__setattr__("_config", config)
+            if name == "epoch_calls":
+                watch(config.dataset, config.options.epoch_calls)
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
@@ -260,6 +266,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._pending_state = parse(
             state_dict, dataset_len=self._dataset_len(), iterable=self._config.iterable
         )
+        # The dataset as the run the state was taken in had it (set_epoch...): every worker
+        # started from now on gets those calls; one the user makes afterwards wins.
+        config = self._config
+        replay_in_main(config.dataset, self._pending_state.calls, config.options.epoch_calls)
         primed, self._primed = self._primed, None
         if primed is not None:
             primed.close()

@@ -247,20 +247,32 @@ def test_after_a_stuck_threads_timeout_the_interpreter_exits_at_once(stuck: str)
 
 
 @pytest.mark.slow  # a child interpreter that imports torch
-def test_ctrl_c_with_a_thread_stuck_for_good_ends_the_program_at_once() -> None:
-    """No timeout: the thread is not known to be stuck, yet the program ends on Ctrl-C
-    (close() gave the thread 5 s; the exit now waits for it 1 s at most)."""
+def _ctrl_c_child(*args: str) -> tuple[float, str, int]:
+    """Run ctrl_c_stuck_thread.py: seconds from its Ctrl-C to its end, stderr, status."""
     child = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "ctrl_c_stuck_thread.py")],
+        [sys.executable, str(SCRIPTS / "ctrl_c_stuck_thread.py"), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV,
     )  # fmt: skip
     with child:
         assert _read_line(child, 60.0) == "stuck\n"
         interrupted = time.monotonic()
-        _, err = child.communicate(timeout=30)
-        ended = time.monotonic() - interrupted
-    assert child.returncode == -signal.SIGINT, err
-    assert ended < 4.0, f"the program ended {ended:.1f} s after Ctrl-C:\n{err}"
+        _, err = child.communicate(timeout=60)
+        return time.monotonic() - interrupted, err, child.returncode
+
+
+def test_ctrl_c_with_a_thread_stuck_for_good_ends_the_program_at_once() -> None:
+    """No timeout: the thread is not known to be stuck, yet the program ends on Ctrl-C
+    (close() gave the thread 5 s; the exit now waits for it 1 s at most). Measured
+    against the same program whose thread is not stuck, run just before: on CI's busy
+    cores the interpreter's own teardown took seconds (4.3 s in all against a fixed
+    bound of 4), so the bound is that yardstick plus the second the exit may wait and a
+    margin, well short of the 5 s close() used to give the thread."""
+    yardstick, err, status = _ctrl_c_child("--not-stuck")
+    assert status == -signal.SIGINT, err
+    ended, err, status = _ctrl_c_child()
+    assert status == -signal.SIGINT, err
+    bound = yardstick + 1.0 + 2.5
+    assert ended < bound, f"ended {ended:.1f} s after Ctrl-C (bound {bound:.1f} s):\n{err}"
     assert "\nKeyboardInterrupt\n" in err, err
     assert "without waiting for thread workers still in a sample after Ctrl-C" in err
     assert "conveyor-worker-0 (batch 2" in err and "self.mount.wait()" in err  # named
