@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import inspect
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +38,26 @@ api = _load_docs_extension()
 PUBLIC = [
     (module, name, obj) for module, name, obj in api.public_names() if obj is not api.NOT_FOUND
 ]
+
+
 # Classes and functions (a type alias such as conveyor.collate.Allocator is data: its
 # description is on its page, docs/reference/).
 # Each object once, under its first public name (conveyor.SharedList, not also
 # conveyor.shared_list.SharedList).
+def _is_class(obj: Any) -> bool:
+    """A class, not a type alias: on Python 3.10 ``Callable[[int], X]`` (collate's
+    ``Allocator``) passes ``isinstance(obj, type)``, and has no docstring to give."""
+    return isinstance(obj, type) and not isinstance(obj, types.GenericAlias)
+
+
 CALLABLES = sorted(
     {
         id(obj): (f"{module}.{name}", obj)
         for module, name, obj in reversed(PUBLIC)
-        if isinstance(obj, type) or inspect.isroutine(obj)
+        if _is_class(obj) or inspect.isroutine(obj)
     }.values()
 )
-CLASSES = {
-    f"{obj.__module__}.{obj.__qualname__}": obj for _, obj in CALLABLES if isinstance(obj, type)
-}
+CLASSES = {f"{obj.__module__}.{obj.__qualname__}": obj for _, obj in CALLABLES if _is_class(obj)}
 
 
 def _members(cls: type) -> list[tuple[str, Any]]:
