@@ -415,7 +415,9 @@ def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None
 
 
 @pytest.mark.slow  # spawn, as the conftest does with spawn variants: CI runs -m slow
-@pytest.mark.parametrize("when", ["preparing", "spawning", "supervising", "starting"])
+@pytest.mark.parametrize(
+    "when", ["preparing", "spawning", "handing_over", "supervising", "starting", "restarting"]
+)
 def test_ctrl_c_during_spawn_start_up_leaves_nothing_behind(when: str, tmp_path: Path) -> None:
     # "preparing": a real SIGINT the moment the first worker's pipes and shared memory
     # exist, before its process is started (those were left open: the start of a worker
@@ -423,8 +425,12 @@ def test_ctrl_c_during_spawn_start_up_leaves_nothing_behind(when: str, tmp_path:
     # worker process exists, before it got its instructions; "supervising": the moment
     # every worker is started, before the loop took charge of them (Ctrl-C about 0.3 s
     # into a start-up on a busy machine: a stack pipe was left open, and the workers ran
-    # until exit); "starting": while iter() waits for workers still in worker_init_fn.
-    # The program keeps the KeyboardInterrupt, traceback and all.
+    # until exit); "starting": while iter() waits for workers still in worker_init_fn;
+    # "handing_over": the moment the pool is made, before the loop holds it (its workers
+    # ran on, their stack and parent-watch pipes open); "restarting": between a dead
+    # worker let go and its replacement's start (teardown stumbled on the closed process
+    # and left the other worker running). The program keeps the KeyboardInterrupt,
+    # traceback and all.
     left, stderr = _run_script("interrupted_startup.py", "spawn", when, str(tmp_path))
     assert left == {"caught": 1, "frames": True, "alive": [], "fds": []}, stderr
 
