@@ -36,7 +36,7 @@ from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
-from ..sampling import consecutive_batches
+from ..sampling._defaults import consecutive_batches
 from . import failures, messages
 from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
