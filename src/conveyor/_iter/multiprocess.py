@@ -42,6 +42,7 @@ from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
+from .face import IteratorFace
 from .facts import Position
 from .failures import TaskError
 from .ledger import Entry
@@ -54,7 +55,7 @@ from .supervisor import Supervisor
 from .tally import Tally
 
 
-class MultiprocessIterator:
+class MultiprocessIterator(IteratorFace):
     def __init__(
         self,
         config: LoaderConfig,
@@ -131,7 +132,6 @@ class MultiprocessIterator:
         self.progress = self._new_progress()
 
     # --- the iterator protocol ----------------------------------------------------------
-
     def __iter__(self) -> MultiprocessIterator:
         return self
 
