@@ -8,13 +8,14 @@ once, naming the fix."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from . import child_env
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("accelerate_run.py")
@@ -29,7 +30,7 @@ def _run(processes: int, tmp_path: Path) -> list[dict[str, Any]]:
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     done = subprocess.run(
         [*launcher, str(SCRIPT), str(out)],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        env=child_env(PYTHONWARNINGS="ignore"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -89,7 +90,7 @@ def _torchrun(processes: int, out: Path, phase: str) -> subprocess.CompletedProc
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     return subprocess.run(
         [*command, str(RESUME), str(out), phase],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        env=child_env(PYTHONWARNINGS="ignore"),
         capture_output=True,
         text=True,
         timeout=300,

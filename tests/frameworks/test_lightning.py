@@ -5,7 +5,6 @@ rebuilds the loader to inject its DistributedSampler."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader as ConveyorDataLoader
+
+from . import child_env
 
 torch = pytest.importorskip("torch", reason="Lightning trains with torch: needs torch")
 
@@ -55,33 +56,72 @@ def test_one_device_sees_torchs_order(tmp_path: Path) -> None:
 def _ranks(loader: str, strategy: str, tmp_path: Path) -> list[dict[str, Any]]:
     pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
     out = tmp_path / f"{loader}-{strategy}"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    subprocess.run(
+    env = child_env()
+    done = subprocess.run(
         [sys.executable, "-W", "ignore", str(SCRIPT), loader, str(out), strategy],
-        check=True,
         env=env,
         timeout=240,
         capture_output=True,
+        text=True,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in (0, 1)]
 
 
+# What Lightning's rebuilt loaders must show as torch's do (issue 43): batch_size (None
+# when Lightning took conveyor's batch sampler for a custom one), the DistributedSampler
+# it injected as ``loader.sampler`` (not a SequentialSampler over the whole dataset),
+# shuffle, the ranks, the epoch set_epoch gave, drop_last and the length.
+SEEN_AS_TORCHS = (
+    "batch_size", "drop_last", "len", "sampler", "batch_sampler", "inner_is_sampler",
+    "shuffle", "replicas", "epoch",
+)  # fmt: skip
+
+
+def _seen_as_torchs(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    for stage in ("train", "val"):
+        assert {k: ours[stage][k] for k in SEEN_AS_TORCHS} == {
+            k: theirs[stage][k] for k in SEEN_AS_TORCHS
+        }, stage
+        assert ours[stage]["conveyor"] and not theirs[stage]["conveyor"]  # conveyor's loads
+        assert (ours[stage]["on_error"], ours[stage]["max_worker_restarts"]) == ("skip", 5)
+        assert ours[stage]["reseed"] == "batch"  # conveyor's options kept by the rebuild
+    assert ours["train"]["sampler"] == "torch.utils.data.distributed.DistributedSampler"
+    assert ours["train"]["batch_size"] == 4 and ours["train"]["shuffle"] is True
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_each_ddp_rank_gets_torchs_shard(strategy: str, tmp_path: Path) -> None:
+def test_each_ddp_rank_gets_torchs_shard_and_sees_torchs_loader(
+    strategy: str, tmp_path: Path
+) -> None:
+    """A loader made before ``fit`` and looked at (``ddp_spawn`` pickles it): each rank
+    gets torch's shard, and the loader Lightning rebuilt reads as torch's."""
     torch_ranks = _ranks("torch", strategy, tmp_path)
     ranks = _ranks("conveyor", strategy, tmp_path)
     for ours, theirs in zip(ranks, torch_ranks, strict=True):
         assert ours["seen"] == theirs["seen"]  # the same shard, in the same order
-        assert ours["module"] == "conveyor.loader"  # conveyor's loader did the loading
-        assert (ours["on_error"], ours["max_worker_restarts"]) == ("skip", 5)  # kept
+        assert ours["train"]["module"] == "conveyor.loader"  # conveyor's loader did the loading
+        _seen_as_torchs(ours, theirs)
     assert sorted(ranks[0]["seen"] + ranks[1]["seen"]) == list(range(32))
+
+
+def test_a_subclass_that_fixes_batch_size_is_rebuilt_as_torchs(tmp_path: Path) -> None:
+    """Lightning rebuilds a DataLoader subclass whose ``__init__`` fixes ``batch_size``
+    from the arguments it recorded in the hook; conveyor's was refused with a
+    MisconfigurationException (its batch sampler taken for a custom one)."""
+    torch_ranks = _ranks("torch-subclass", "ddp", tmp_path)
+    ranks = _ranks("conveyor-subclass", "ddp", tmp_path)
+    for ours, theirs in zip(ranks, torch_ranks, strict=True):
+        assert ours["seen"] == theirs["seen"]
+        assert ours["train"]["module"] == theirs["train"]["module"] == "__main__"
+        _seen_as_torchs(ours, theirs)
 
 
 RESUME = Path(__file__).with_name("lightning_resume.py")
 
 
 def _lightning(out: Path, devices: int, *resume: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = child_env()
     command = [sys.executable, "-W", "ignore", str(RESUME), str(out), str(devices), *resume]
     return subprocess.run(command, env=env, timeout=300, capture_output=True, text=True)
 
