@@ -53,6 +53,49 @@ def test_one_device_sees_torchs_order(tmp_path: Path) -> None:
     assert _fit("conveyor", tmp_path) == _fit("torch", tmp_path)
 
 
+# conveyor's options, each away from its default (threads: no process to start here).
+OPTIONS = {
+    "on_error": "skip", "max_errors": 0.5, "max_worker_restarts": 7, "stall_warning": 5.0,
+    "on_timeout": "restart", "timeout": 30.0, "preflight": False, "snapshot_every_n_steps": 3,
+    "reseed": "sample", "run_ahead": False, "worker_method": "thread",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("in_hook", [False, True], ids=["made-anywhere", "made-in-a-hook"])
+def test_a_loader_lightning_and_fabric_rebuild_keeps_conveyors_options(in_hook: bool) -> None:
+    """Both ways Lightning (and Fabric) rebuild a loader: from the arguments recorded in a
+    ``*_dataloader`` hook, or from the public attributes named like its parameters. Made
+    in a hook, a state loaded before the rebuild is replayed onto the new loader too."""
+    pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+    from lightning.fabric.utilities.data import _update_dataloader as fabric_update
+    from lightning.pytorch.utilities.data import _update_dataloader
+
+    data = list(range(20))
+
+    def made() -> ConveyorDataLoader:
+        return ConveyorDataLoader(data, batch_size=4, shuffle=True, num_workers=2, **OPTIONS)
+
+    torch.manual_seed(0)
+    first = made()
+    iterator = iter(first)
+    next(iterator)
+    state, rest = first.state_dict(), [b.tolist() for b in iterator]
+    if in_hook:
+        with _replace_dunder_methods(torch.utils.data.DataLoader, "dataset"):
+            loader = made()
+            loader.load_state_dict(state)
+    else:
+        loader = made()
+    for update in (_update_dataloader, fabric_update):
+        rebuilt = update(loader, loader.sampler)
+        assert type(rebuilt) is ConveyorDataLoader and rebuilt is not loader
+        assert {name: getattr(rebuilt, name) for name in OPTIONS} == OPTIONS
+        assert (rebuilt.batch_size, rebuilt.sampler) == (4, loader.sampler)
+        if in_hook:  # the state loaded before: the rest of that epoch
+            assert [b.tolist() for b in rebuilt] == rest
+
+
 def _ranks(loader: str, strategy: str, tmp_path: Path) -> list[dict[str, Any]]:
     pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
     out = tmp_path / f"{loader}-{strategy}"
