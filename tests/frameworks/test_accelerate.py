@@ -52,6 +52,9 @@ def test_conveyor_loads_with_accelerates_shards(way: str, ranks: list[dict[str, 
         assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
         assert ours["warnings"] == []
         assert ours["epochs"] == theirs["epochs"]  # batches, order and gradient syncs
+        # The loader accelerate rebuilt reads as torch's (batch_size, sampler, drop_last,
+        # length, the batch sampler it sharded and the sampler within: issue 43).
+        assert ours["seen_as"] == theirs["seen_as"]
         for epoch in ours["epochs"]:
             # accumulation of 4: the epoch's last step synchronises too
             assert epoch["syncs"][-1] is True
@@ -64,6 +67,7 @@ def test_skip_first_batches_keeps_conveyor_loading(ranks: list[dict[str, Any]]) 
         theirs, ours = report["torch_skipped"], report["subclass_skipped"]
         assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
         assert ours["epochs"] == theirs["epochs"]
+        assert ours["seen_as"] == theirs["seen_as"]
         assert len(ours["epochs"][0]["seen"]) == 80 // 4 // len(ranks) - 3
 
 
