@@ -142,6 +142,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             **{name: arguments[name] for name in self.conveyor_options},
         )  # fmt: skip
         self._adopt(config)
+        self._dataset_kind = 1 if config.iterable else 0  # torch's _DatasetKind: Map, Iterable
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -187,11 +188,6 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     @multiprocessing_context.setter
     def multiprocessing_context(self, value: str | BaseContext | None) -> None:
         self._multiprocessing_context = start_context(value, self.num_workers)
-
-    @property
-    def _dataset_kind(self) -> int:
-        """torch's ``_DatasetKind``: 0 map-style, 1 iterable-style."""
-        return 1 if self._config.iterable else 0
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (or deep-copied) as torch's loader is, also once iterated: the arguments,
