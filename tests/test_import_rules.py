@@ -406,6 +406,15 @@ def violations(graph: Graph) -> dict[str, list[str]]:
     }
 
 
+def test_the_benchmark_harness_has_no_import_cycle() -> None:
+    """The harness (benchmarks/conveyor_bench) is held to rule (a) too (issue 41)."""
+    graph = build_graph(ROOT / "benchmarks", "conveyor_bench")
+    assert len(graph.modules) > 10 and not graph.unresolved, graph.unresolved
+    cycles = find_cycles(graph.imports())
+    report = "\n".join(describe_cycle(graph, cycle, others) for cycle, others in cycles)
+    assert not cycles, f"conveyor_bench's modules import each other:\n{report}"
+
+
 def test_import_rules_hold() -> None:
     found = {rule: items for rule, items in violations(build_graph()).items() if items}
     report = "\n\n".join(f"{rule}:\n" + "\n".join(items) for rule, items in found.items())

@@ -13,7 +13,7 @@ import os
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -24,6 +24,7 @@ from ._iter.multiprocess import MultiprocessIterator
 from ._iter.parse_state import parse
 from ._iter.progress import Progress
 from ._iter.state import ResumePoint
+from ._task.dataset_calls import replay_in_main, watch
 from ._torch.rules import start_context, too_many_workers
 from .config import LoaderConfig, LoaderHistory, Options
 from .diagnostics.preflight import run_automatic, warn_at_construction
@@ -59,38 +60,27 @@ _BASES: tuple[type, ...] = (
 class DataLoader(*_BASES):  # type: ignore[misc]
     """Iterate over ``dataset`` in batches, optionally with worker processes.
 
-    A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments,
-    defaults and semantics. Batches hold torch tensors when torch is
-    installed (exactly as torch's ``default_collate`` builds them), NumPy
-    arrays otherwise.
+    A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments, defaults
+    and semantics (torch 2.13's, up to ``in_order``), and the exception types torch
+    raises for a bad combination. Batches hold torch tensors when torch is installed
+    (exactly as torch's ``default_collate`` builds them), NumPy arrays otherwise. With
+    torch installed the loader *is* a ``torch.utils.data.DataLoader`` to every
+    ``isinstance`` check (Lightning, accelerate).
 
-    conveyor's own options are keyword-only. Those about failures are described
-    in ``SupervisionPolicy``. ``preflight`` (default True): on the first iteration
-    with workers, check the dataset, ``collate_fn`` and ``worker_init_fn`` for what
-    breaks in workers (a file or database connection that forked workers would
-    share, an object spawn cannot pickle, a huge Python list every worker copies,
-    threads or CUDA before fork, a low open-file limit). An error is raised before
-    any worker starts; a warning is a ``PreflightWarning``, once per loader. The
-    checks take a few milliseconds; ``preflight=False`` skips them. ``run_ahead``
-    (default True): when batches are small and quick (under 1 ms of work each),
-    workers take tasks beyond ``prefetch_factor`` while their slots fit 16 MiB per
-    loader, so that on few cores they rarely sleep waiting for work; False keeps
-    exactly ``prefetch_factor`` per worker, as torch does.
-    ``conveyor.check(loader)`` prints the full report.
-
-    ``worker_method``: ``"multiprocessing"`` (torch's worker processes), ``"thread"``
-    (threads of this process) or ``"ray"`` (one Ray actor per worker, on the cluster
-    ``ray.init()`` connects to; ``worker_options`` are the actors' options: CPUs per
-    worker, custom resources, a runtime environment). See docs/ray.md.
-    ``threads_per_worker`` (worker processes only; default 1): each worker process runs
-    that many workers in threads, each a worker of its own (``num_workers *
-    threads_per_worker`` in all, as ``get_worker_info()`` and checkpoints count them);
-    for samples that wait on storage, many requests open at the memory cost of a few
-    processes. See docs/guide.md.
+    conveyor's own options come after torch's, keyword-only, and are described in
+    :class:`~conveyor.config.Options`: what to do when workers die, hang or meet a bad
+    sample (``max_worker_restarts``, ``on_error``, ``max_errors``, ``stall_warning``,
+    ``on_timeout``), the pre-flight checks (``preflight``), random draws independent
+    of the worker count (``reseed``), the dataset's calls between epochs that reach
+    every worker's copy (``epoch_calls``), the kind of worker (``worker_method``,
+    ``worker_options``, ``threads_per_worker``), ``run_ahead``, and what the loader
+    shows as it runs (``progress``, ``report``). Their defaults change nothing a
+    torch user relies on, except that a dead worker is replaced instead of ending the
+    run. ``conveyor.check(loader)`` prints the full pre-flight report.
     """
 
     _initialized = False
-    # conveyor's own keyword-only options, each kept as a public attribute of that name.
+    #: conveyor's own keyword-only options, each kept as a public attribute of that name.
     conveyor_options = tuple(f.name for f in dataclasses.fields(Options))
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
@@ -132,6 +122,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         report: bool = False,
         worker_options: Mapping[str, Any] | None = None,
         threads_per_worker: int = 1,
+        epoch_calls: Sequence[str] = ("set_epoch",),
     ) -> None:
         arguments = locals()  # conveyor's own options go on by name: Options' fields
         config = LoaderConfig.from_torch_args(
@@ -143,6 +134,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         )  # fmt: skip
         self._adopt(config)
         self._dataset_kind = 1 if config.iterable else 0  # torch's _DatasetKind: Map, Iterable
+        watch(config.dataset, config.options.epoch_calls)  # the instance's, never its class's
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
         self._primed: InlineIterator | MultiprocessIterator | None = None  # made by state_dict()
@@ -180,9 +172,13 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             # collate_fn, timeout...): the config follows them.
             config = self._config.following(name, getattr(self, name))
             super().__setattr__("_config", config)
+            if name == "epoch_calls":
+                watch(config.dataset, config.options.epoch_calls)
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
+        """The start method's context for worker processes (torch's attribute; set it
+        with a name such as ``"spawn"`` or a context)."""
         return self._multiprocessing_context
 
     @multiprocessing_context.setter
@@ -298,6 +294,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._pending_state = parse(
             state_dict, dataset_len=self._dataset_len(), iterable=self._config.iterable
         )
+        # The dataset as the run the state was taken in had it (set_epoch...): every worker
+        # started from now on gets those calls; one the user makes afterwards wins.
+        config = self._config
+        replay_in_main(config.dataset, self._pending_state.calls, config.options.epoch_calls)
         primed, self._primed = self._primed, None
         if primed is not None:
             primed.close()

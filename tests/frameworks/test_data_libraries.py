@@ -64,6 +64,42 @@ def test_hugging_face_iterable_and_split_by_node() -> None:
     assert sorted(shards) == list(range(20))
 
 
+# The pre-flight names the shuffle's generator, the same in every worker: datasets' design
+# (each worker shuffles its own shards with it).
+@pytest.mark.filterwarnings("ignore::conveyor.PreflightWarning")
+@pytest.mark.parametrize(
+    "kind",
+    [{"multiprocessing_context": m} for m in ("fork", "spawn")] + [{"worker_method": "thread"}],
+    ids=["fork", "spawn", "thread"],
+)
+def test_hugging_face_set_epoch_reshuffles_each_epoch_with_persistent_workers(
+    kind: dict[str, Any],
+) -> None:
+    """``datasets.IterableDataset.set_epoch`` (its own, on the real class) reshuffles each
+    epoch: persistent workers give each epoch the order workers started afresh give it.
+    (datasets keeps the epoch in a shared torch tensor, which forked and threads' copies
+    share; a spawned (or forkserver) copy gets its own, which conveyor tells of each call.)"""
+    datasets = pytest.importorskip("datasets", reason="CI installs datasets (.ci/run)")
+    table = datasets.Dataset.from_dict({"label": list(range(32))}).with_format("torch")
+    stream = table.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=8)
+    assert type(stream) is datasets.IterableDataset
+
+    def epochs(persistent: bool) -> list[list[int]]:
+        loader = DataLoader(
+            stream, batch_size=4, num_workers=2, persistent_workers=persistent, **kind
+        )
+        orders = []
+        for epoch in range(3):
+            stream.set_epoch(epoch)
+            orders.append([int(i) for batch in loader for i in batch["label"]])
+        return orders
+
+    fresh, persistent = epochs(False), epochs(True)
+    assert persistent == fresh
+    assert all(sorted(order) == list(range(32)) for order in persistent)
+    assert len({tuple(order) for order in persistent}) == 3, "an epoch repeated another's order"
+
+
 def _shards(root: Path) -> str:
     for shard in range(2):
         with tarfile.open(root / f"s{shard}.tar", "w") as tar:

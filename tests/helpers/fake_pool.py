@@ -17,13 +17,13 @@ import itertools
 import pickle
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor._task.protocol import (
     Died,
+    EpochMessage,
     Ready,
-    SeedPipe,
     Stage,
     StartupFailed,
     Task,
@@ -131,9 +131,9 @@ class FakePool:
     def pids(self) -> list[int | None]:
         return [w.pid for w in self.workers]
 
-    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
-        if isinstance(message, SeedPipe):
-            self.specs[worker_id] = replace(self.specs[worker_id], pipe_seed=message.seed)
+    def send(self, worker_id: int, message: Task | EpochMessage) -> None:
+        if not isinstance(message, Task):  # kept for a replacement, as the real pools do
+            self.specs[worker_id] = self.specs[worker_id].keeping(message)
             self.workers[worker_id].core.handle(message)
             return
         self.sent.append((worker_id, message))

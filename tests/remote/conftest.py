@@ -4,6 +4,7 @@ module (a cluster takes seconds to start), in the slow selection: ``-m slow``.""
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     # The actors import the test datasets (tests.remote.datasets) as any module of the
     # user's: from their sys.path, which this gives them (a real cluster ships them with
     # a runtime_env, see docs/ray.md).
-    env = {"env_vars": {"PYTHONPATH": str(ROOT)}}
+    # conveyor from this checkout too, whatever the environment's own install points at
+    # (a worktree's tests run against its source, as the driver's PYTHONPATH says).
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}}
     with local_cluster(head, *nodes, runtime_env=env) as made:
         yield made
 

@@ -40,6 +40,20 @@ class Where:
         return {"i": i, "tag": self.tag, **_here()}
 
 
+class Epochs(Where):
+    """:class:`Where`, each sample with ``"epoch"``: the last ``set_epoch`` its copy was told."""
+
+    def __init__(self, n: int = 24) -> None:
+        super().__init__(n)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**super().__getitem__(i), "epoch": self.epoch}
+
+
 class Images:
     """Sample ``i``: a 3x64x64 uint8 image filled with ``i % 256``, and ``i``."""
 

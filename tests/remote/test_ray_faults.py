@@ -67,6 +67,34 @@ def test_a_worker_killed_mid_epoch_is_replaced_and_every_index_comes_once(
     assert loader.statistics().worker_restarts == 1  # type: ignore[union-attr]
 
 
+def test_set_epoch_reaches_every_actor_and_the_replacement_of_one_killed(
+    cluster: LocalCluster,
+) -> None:
+    """Persistent actors keep the copy of the dataset they started with (as the object
+    store holds it since); each is told of ``set_epoch`` as an epoch starts, and an actor
+    started in place of a killed one is told before its first task of the epoch."""
+    dataset = ds.Epochs(24)
+    loader = _loader(dataset, persistent_workers=True, max_worker_restarts=1)
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        assert {e for batch in loader for e in batch["epoch"].tolist()} == {epoch}
+    dataset.set_epoch(2)
+    it = iter(loader)
+    first = next(it)
+    dataset.set_epoch(7)  # for the next epoch, not this one
+    victim = int(first["pid"][0])
+    os.kill(victim, signal.SIGKILL)
+    with pytest.warns(WorkerRestartedWarning, match="its process died"):
+        rest = list(it)
+    batches = [first, *rest]
+    assert _indices(batches) == list(range(24))
+    assert {e for batch in batches for e in batch["epoch"].tolist()} == {2}
+    before = {int(p) for p in first["pid"]} | {victim}
+    assert {int(p) for batch in rest for p in batch["pid"]} - before, "no replacement served"
+    assert {e for batch in loader for e in batch["epoch"].tolist()} == {7}
+    del it, loader
+
+
 def test_a_node_lost_mid_epoch_costs_its_workers_not_a_sample(cluster: LocalCluster) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

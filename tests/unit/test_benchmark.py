@@ -24,13 +24,14 @@ from conveyor_bench import (
     BenchReport,
     Measurement,
     Row,
+    catalogue,
     render,
     run_benchmark,
     runner,
-    specs,
     workloads,
 )
 from conveyor_bench import notes as benchmark_notes
+from conveyor_bench.loaders import row_methods
 from conveyor_bench.measure import (
     Accelerator,
     PlainLoop,
@@ -159,9 +160,9 @@ def test_workloads_match_the_documented_settings() -> None:
         "cpu",
     }
     heavy = ("decode", "big", "remote", "host", "torchvision", "torchvision-io", "ray")
-    assert tuple(n for n in WORKLOADS if n not in heavy) == (specs.QUICK_WORKLOADS)
+    assert tuple(n for n in WORKLOADS if n not in heavy) == (catalogue.QUICK_WORKLOADS)
     # ray starts a Ray cluster: only when named (issue 27).
-    assert tuple(n for n in WORKLOADS if n != "ray") == specs.DEFAULT_WORKLOADS
+    assert tuple(n for n in WORKLOADS if n != "ray") == catalogue.DEFAULT_WORKLOADS
     assert WORKLOADS["startup"].start_methods == ("spawn",)
     assert WORKLOADS["epochs"].start_methods == ("fork", "spawn")
     assert WORKLOADS["startup"].quick_start_methods == ("fork",)
@@ -599,9 +600,9 @@ def test_reference_loop_delivers_every_batch_in_order_and_leaves_no_process() ->
 def test_quick_runs_the_start_method_rows_under_fork_only() -> None:
     # A spawned torch worker imports torch (seconds); --quick is a smoke test.
     full, quick = BenchOptions(), BenchOptions(quick=True)
-    assert runner._row_methods(WORKLOADS["startup"], full) == ["spawn"]
-    assert runner._row_methods(WORKLOADS["startup"], quick) == ["fork"]
-    assert runner._row_methods(WORKLOADS["epochs"], full) == ["fork", "spawn"]
-    assert runner._row_methods(WORKLOADS["epochs"], quick) == ["fork"]
+    assert row_methods(WORKLOADS["startup"], full) == ["spawn"]
+    assert row_methods(WORKLOADS["startup"], quick) == ["fork"]
+    assert row_methods(WORKLOADS["epochs"], full) == ["fork", "spawn"]
+    assert row_methods(WORKLOADS["epochs"], quick) == ["fork"]
     asked = BenchOptions(quick=True, start_method="forkserver")
-    assert runner._row_methods(WORKLOADS["tiny"], asked) == ["forkserver"]
+    assert row_methods(WORKLOADS["tiny"], asked) == ["forkserver"]

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from conveyor._task.dataset_calls import DatasetCall
 from conveyor._task.protocol import (
     BatchDone,
     MainMessage,
@@ -183,6 +184,10 @@ NON_DEFAULT: dict[str, object] = {
     "consecutive": True,
     "places": (40, 7, 93),
     "seed": 42,
+    "calls": (
+        DatasetCall("set_epoch", (3,)),
+        DatasetCall("set_level", (np.int64(2), "hard"), (("step", 0.5),)),
+    ),
     "worker_id": 2,
     "pid": 1234,
     "state": b"state",

@@ -16,6 +16,7 @@ import dataclasses
 import pickle
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from .._task.dataset_state import WorkerState
 from .._workers.spec import WorkerSpec
@@ -206,11 +207,11 @@ class EpochStart:
         else:
             self.cursor.replay_first_draw(self._first_global)
 
-    def worker_specs(self, *, pipe_seed: int | None) -> list[WorkerSpec]:
+    def worker_specs(self, **news: Any) -> list[WorkerSpec]:
         """What each worker starts with (after :meth:`draw_base_seed`): the loader's
         settings, the base seed and, resumed, its part of the state (persistent workers
         after a finished epoch too: they then begin a new epoch, as they would have in
-        the run the state was taken in)."""
+        the run the state was taken in); ``news``: what the epoch starts with (.epoch_news)."""
         config, resume = self.config, self.resume
         per_worker = config.state_per_worker
         restored: list[bytes | None] | None = None
@@ -226,7 +227,7 @@ class EpochStart:
                 resume_state=restored[i] if restored is not None else None,
                 # Restored as the last epoch ended: the next epoch is a new one.
                 new_epoch_first=self.finished and restored is not None,
-                pipe_seed=pipe_seed,
+                **news,
             )
             for i in range(config.num_workers)
         ]

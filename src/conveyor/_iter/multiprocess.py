@@ -24,11 +24,9 @@ from .._task.protocol import (
     Died,
     IterationEnded,
     Ready,
-    SeedPipe,
     StartupFailed,
     TaskFailed,
 )
-from .._torch.datapipes import SharedSeeds, is_iter_datapipe
 from .._workers.api import BatchHandle, PoolFactory, Received
 from .._workers.spec import UserObjects
 from ..collate import registrations as collate_registrations
@@ -42,6 +40,7 @@ from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
+from .epoch_news import EpochNews
 from .face import IteratorFace
 from .facts import Position
 from .failures import TaskError
@@ -81,13 +80,8 @@ class MultiprocessIterator(IteratorFace):
         self._cursor = start.cursor
         self._consecutive = consecutive_batches(config.index_sampler)
         self._reseed_places = config.options.reseed == "sample" and self._cursor.share is not None
-        # A DataPipe draws shared seeds around the base seed, where torch draws them: the
-        # workers start with the first; the second only reseeds the main process's copy.
-        pipes = self._pipe_seeds = SharedSeeds() if is_iter_datapipe(config.dataset) else None
-        pipe_seed = pipes.draw(config.generator, config.dataset) if pipes is not None else None
-        self._base_seed = start.draw_base_seed(in_process=False)
-        if self._pipe_seeds is not None:
-            self._pipe_seeds.draw(config.generator, config.dataset)
+        self._news = EpochNews(config, lambda: start.draw_base_seed(in_process=False))
+        self._base_seed = self._news.base_seed
         now = time.monotonic()
         self._book = TaskBook(
             num_workers=config.num_workers, prefetch=config.prefetch,
@@ -96,7 +90,7 @@ class MultiprocessIterator(IteratorFace):
             skipped=history.skipped, now=now,
         )  # fmt: skip
         self._tally = Tally(config.num_workers, now, history, config.kind.name)
-        self._specs = start.worker_specs(pipe_seed=pipe_seed)
+        self._specs = start.worker_specs(**self._news.at_start())
         maps = collate_registrations()  # the collate_fn_map registrations, for the workers
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if pool_factory is None:
@@ -179,12 +173,16 @@ class MultiprocessIterator(IteratorFace):
     _shutdown_workers = close  # torch's name for it (called on a persistent loader's _iterator)
 
     def reset(self) -> None:
-        """Start another epoch on the same (persistent) workers."""
+        """Start another epoch on the same (persistent) workers. What it starts with
+        (set_epoch..., a DataPipe's seed) goes to each worker before its tasks, and into
+        the spec its replacement starts from (an added worker's too: the autotuner's
+        comes from the first)."""
         self.progress = self._new_progress(self.progress.worker_states)
-        if (pipes := self._pipe_seeds) is not None:
-            seed = SeedPipe(pipes.draw(self._config.generator, self._config.dataset))
-            for worker_id in range(self._config.num_workers):
-                self._pool.send(worker_id, seed)
+        for message in self._news.at_epoch_start():
+            for worker_id, spec in enumerate(self._specs):
+                self._specs[worker_id] = spec.keeping(message)
+                if not self._book.retired(worker_id):
+                    self._pool.send(worker_id, message)
         self._start_epoch(None)
 
     def statistics(self) -> LoaderStatistics:

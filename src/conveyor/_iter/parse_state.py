@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._task.dataset_calls import DatasetCall
 from .._task.dataset_state import (
     DATASET_STATE,
     ENDED,
@@ -21,6 +22,7 @@ from ..errors import StateError
 from ..records import SkippedSample
 from .elastic import RANKS, read_part
 from .state import (
+    CALLS,
     CONVEYOR,
     FINISHED,
     MAIN,
@@ -201,7 +203,32 @@ def _point(
         raw=state,
         ranks=_ranks(own),
         world=_world(own.get("world")),
+        calls=_calls(own.get(CALLS)),
     )
+
+
+def _calls(raw: Any) -> tuple[DatasetCall, ...]:
+    """The dataset's calls a state keeps (see state.CALLS); a StateError naming the key."""
+    where = f"state['conveyor']['{CALLS}']"
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise StateError(f"{where} should be a list of calls, got {raw!r:.80}")
+    calls = []
+    for i, call in enumerate(raw):
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("args"), list)
+            and isinstance(call.get("kwargs"), dict)
+            and all(isinstance(k, str) for k in call["kwargs"])
+        ):
+            raise StateError(
+                f"{where}[{i}] should be {{'name': str, 'args': list, 'kwargs': dict}}, got "
+                f"{call!r:.80}"
+            )
+        calls.append(DatasetCall(call["name"], tuple(call["args"]), tuple(call["kwargs"].items())))
+    return tuple(calls)
 
 
 def _world(raw: Any) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._task.dataset_calls import DatasetCall, calls_of
 from .._task.dataset_state import WorkerState
 from .._task.protocol import TaskFailed, TaskReply
 from ..config import LoaderConfig, LoaderHistory
@@ -65,6 +66,9 @@ class Progress:
     # Waits until every worker has reported its state at the start of the epoch
     # (a weak method of the iterator; returns None once the iterator is gone).
     settle: Callable[[], Callable[[], None] | None] | None = None
+    # The dataset's calls (set_epoch...) as this epoch began: its workers' (see
+    # _task.dataset_calls); a state taken after the epoch ended keeps the last ones made.
+    calls: tuple[DatasetCall, ...] = ()
     _snapshot: _Snapshot | None = None
     _handed_from: set[int] = field(default_factory=set)  # workers whose state came with a batch
 
@@ -76,6 +80,10 @@ class Progress:
         if self.last_worker < 0:
             self.last_worker = self.num_workers - 1  # torchdata's: worker 0 goes first
         self._every = self.config.options.snapshot_every
+        self.calls = self._calls_now()
+
+    def _calls_now(self) -> tuple[DatasetCall, ...]:
+        return calls_of(self.config.dataset, self.config.options.epoch_calls)
 
     # --- what the iterators tell -------------------------------------------------------
 
@@ -215,6 +223,7 @@ class Progress:
                 reseed=self.config.options.reseed,
                 ranks=self.cursor.ranks_part(snap.prefix, snap.beyond),
                 world=process_group(),
+                calls=self._calls_now() if self.finished else self.calls,
             )
         )
 

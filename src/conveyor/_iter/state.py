@@ -22,6 +22,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._task.dataset_calls import DatasetCall
 from .._task.dataset_state import WorkerState
 from ..errors import WorkerCountError
 from ..records import SkippedSample
@@ -33,6 +34,10 @@ SNAPSHOT = "_snapshot"
 MAIN = "_main_snapshot"
 WORKERS = "_worker_snapshots"
 FINISHED = "_iterator_finished"
+# Under "conveyor": the dataset's calls the epoch's workers got (set_epoch...), oldest
+# first, each {"name", "args", "kwargs"}. An optional key (version 1 still): a state
+# without it resumes with none, and a conveyor that does not know it ignores it.
+CALLS = "calls"
 SAMPLER_KEYS = ("_sampler_iter_yielded", "_index_sampler_state", "_sampler_iter_state")
 
 
@@ -62,6 +67,7 @@ class ResumePoint:
     raw: dict[str, Any] = field(default_factory=dict)  # the state as given
     ranks: dict[str, Any] | None = None  # where the whole epoch stands (see .elastic)
     world: tuple[int, int] | None = None  # (world size, rank) of the process group, if any
+    calls: tuple[DatasetCall, ...] = ()  # the dataset's set_epoch... as the epoch had it
 
     @property
     def holds_worker_state(self) -> bool:
@@ -108,6 +114,7 @@ class Written:
     reseed: str
     ranks: dict[str, Any] | None = None  # the loader shards the epoch over ranks
     world: tuple[int, int] | None = None  # torch.distributed's (world size, rank)
+    calls: tuple[DatasetCall, ...] = ()  # the calls the epoch's workers got (set_epoch...)
 
 
 def write(w: Written) -> dict[str, Any]:
@@ -132,6 +139,8 @@ def write(w: Written) -> dict[str, Any]:
         own[RANKS] = w.ranks
     if w.world is not None:
         own["world"] = list(w.world)
+    if w.calls:  # (absent: none, as in a state written before conveyor kept them)
+        own[CALLS] = [_call_to_dict(c) for c in w.calls]
     if w.inline is not None:
         return {
             **sampler,
@@ -159,6 +168,14 @@ def write(w: Written) -> dict[str, Any]:
         "_steps_since_snapshot": w.steps_since,
         FINISHED: w.finished,
         CONVEYOR: own,
+    }
+
+
+def _call_to_dict(call: DatasetCall) -> dict[str, Any]:
+    return {
+        "name": call.name,
+        "args": copy.deepcopy(list(call.args)),
+        "kwargs": copy.deepcopy(dict(call.kwargs)),
     }
 
 

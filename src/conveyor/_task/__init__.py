@@ -13,6 +13,8 @@ same words. Nothing here starts a process or touches a pipe.
 - ``context``: where a user's own exception came from (``WorkerContext``, ``Culprit``;
   public as ``conveyor.errors``'s); ``rebuild``: a worker's exception rebuilt in the main
   process as an instance of its own type.
+- ``dataset_calls``: the training loop's calls on the dataset between epochs
+  (``set_epoch``...): recorded on the main process's object, replayed on each worker's copy.
 - ``dataset_state``: one worker's part of a loader's state; ``compat``: names newer
   Pythons have (``assert_never`` for the exhaustive matches over messages).
 """

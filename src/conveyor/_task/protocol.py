@@ -1,6 +1,7 @@
 """What the loop and its workers say to each other, whatever kind the workers are.
 
-The main process sends :class:`Task`, :class:`Stop` and (DataPipes) :class:`SeedPipe`; a
+The main process sends :class:`Task`, :class:`Stop`, and as an epoch starts
+:class:`ReplayCalls` (the dataset's ``set_epoch``...) and (DataPipes) :class:`SeedPipe`; a
 worker answers each task with exactly one of :class:`BatchDone`, :class:`TaskFailed` or
 :class:`IterationEnded`, and says :class:`Ready` (or :class:`StartupFailed`) once after
 start-up. What a worker is doing (:class:`WorkerStatus`) and how it ended (:class:`Died`)
@@ -24,6 +25,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from conveyor.errors import Culprit
+
+from .dataset_calls import DatasetCall
 
 _T = TypeVar("_T")
 
@@ -97,6 +100,21 @@ class SeedPipe:
     its random parts with it before that epoch's first task (see conveyor._torch.datapipes)."""
 
     seed: int
+
+
+@dataclass(frozen=True)
+class ReplayCalls:
+    """Calls the training loop made on the main process's dataset since the workers
+    last heard (``set_epoch(epoch)``, or a method the loader's ``epoch_calls`` names):
+    make them on the worker's copy before the next epoch's first task, and so before an
+    iterable dataset's iterator is made (see conveyor._task.dataset_calls)."""
+
+    calls: tuple[DatasetCall, ...]
+
+
+# What a replacement worker starts with too (see WorkerSpec.keeping): sent as an epoch
+# starts, before its tasks.
+EpochMessage = SeedPipe | ReplayCalls
 
 
 # --- worker -> main process -------------------------------------------------
@@ -181,7 +199,7 @@ class StartupFailed:
     error: RemoteError
 
 
-MainMessage = Task | Stop | SeedPipe
+MainMessage = Task | Stop | SeedPipe | ReplayCalls
 WorkerMessage = Ready | BatchDone | IterationEnded | TaskFailed | StartupFailed
 TaskReply = BatchDone | TaskFailed | IterationEnded  # exactly one per task
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from .._task.protocol import (
     Died,
+    EpochMessage,
     RoomAhead,
-    SeedPipe,
     Task,
     WorkerMessage,
     WorkerStatus,
@@ -157,9 +157,10 @@ class Pool(Protocol):
     @property
     def abilities(self) -> Abilities: ...
 
-    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
+    def send(self, worker_id: int, message: Task | EpochMessage) -> None:
         """Never blocks. To a worker that just died a task is lost: the loop re-sends
-        what a dead worker had not answered. A SeedPipe is kept for its replacement."""
+        what a dead worker had not answered. What an epoch starts with (ReplayCalls,
+        SeedPipe) is kept for its replacement too (``WorkerSpec.keeping``)."""
         ...
 
     def wait(self, timeout: float | None) -> list[PoolEvent]:

@@ -14,7 +14,6 @@ sent back as a value; the main process decides what to do.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pickle
@@ -23,12 +22,14 @@ from typing import Any
 
 from .. import _torch
 from .._task.compat import assert_never
+from .._task.dataset_calls import DatasetCall, replay
 from .._task.dataset_state import WorkerState
 from .._task.protocol import (
     BatchDone,
     IterationEnded,
     MainMessage,
     Ready,
+    ReplayCalls,
     SampleFailed,
     SeedPipe,
     Stage,
@@ -50,12 +51,12 @@ from .._task.runner import (
 from .._torch import datapipes as _datapipes
 from ..collate import default_collate, default_convert
 from ..resources import close_all as close_per_worker_resources
-from ..sampling._reseed import Reseed
+from ..sampling._reseed import Reseed, kept_global_rngs
 from ..worker_info import WorkerInfo, install_in_torch
 from . import scope as _scope
 from .remote_error import capture
 from .scope import GLOBAL_GENERATORS
-from .spec import Inbox, Outbox, StatusSink, Transport, UserObjects, WorkerSpec
+from .spec import IN_PLACE, UNWATCHED, Inbox, Outbox, StatusSink, Transport, UserObjects, WorkerSpec
 from .thread_draws import route_module_draws
 
 __all__ = ["STOP", "WorkerCore", "sent"]
@@ -92,6 +93,7 @@ class WorkerCore:
         # an ended epoch left it).
         self._epoch: int | None = -1 if spec.new_epoch_first else None
         self._first_of_epoch = True
+        self._call_failed: BaseException | None = None  # a replayed call raised (_replay)
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -110,6 +112,12 @@ class WorkerCore:
         if not self._owns_process:  # random's and NumPy's module draws: this core's own
             route_module_draws()
         self._seed_like_torch()
+        if spec.calls:  # the training loop's calls since this copy was made (set_epoch...)
+            self.status.stage(Stage.FETCH)
+            try:
+                self._replay_kept(spec.calls)
+            except BaseException as exc:
+                return StartupFailed(Stage.FETCH, capture(exc))
         self.status.stage(Stage.WORKER_INIT)
         try:
             if spec.pipe_seed is not None:  # as torch does, before the user's worker_init_fn
@@ -185,12 +193,34 @@ class WorkerCore:
             case SeedPipe():
                 _datapipes.seed_graph(self.user.dataset, message.seed)
                 return None
+            case ReplayCalls(calls=calls):
+                self._replay(calls)
+                return None
             case Stop():
                 return STOP
             case _:
                 assert_never(message)
 
+    def _replay(self, calls: tuple[DatasetCall, ...]) -> None:
+        """The training loop's calls on the main process's dataset, made on this copy as
+        an epoch starts. What one raises fails the next task instead (the loop raises it
+        at that batch's place, with this worker's note)."""
+        try:
+            self._replay_kept(calls)
+        except BaseException as exc:
+            self._call_failed = exc
+
+    def _replay_kept(self, calls: tuple[DatasetCall, ...]) -> None:
+        """The calls change this copy of the dataset, not the worker's random streams,
+        seeded per worker as torch seeds them (a set_epoch that calls random.seed(epoch)
+        would give every worker the same draws)."""
+        with kept_global_rngs(with_torch=self._owns_process):
+            replay(self.user.dataset, calls)
+
     def _task(self, task: Task) -> TaskReply:
+        if (failed := self._call_failed) is not None:
+            self._call_failed = None
+            return TaskFailed(task.epoch, task.seq, Stage.FETCH, capture(failed))
         started = time.monotonic()
         outcome, epoch_state = self._outcome(task)
         reply = self._reply(task, outcome, started)
@@ -302,7 +332,7 @@ class WorkerCore:
         run in its own scope (:meth:`run_here`). Only the runner is made, from ``resume``;
         an iterable dataset whose ``iter()`` raised raises here, at the loader's
         ``iter()``, as torch raises it."""
-        core = cls(spec, user, _IN_PLACE, _UNWATCHED, owns_process=True)
+        core = cls(spec, user, IN_PLACE, UNWATCHED, owns_process=True)
         core._in_worker = False
         core.runner = _runner(spec, user, resume)
         init_error = getattr(core.runner.fetcher, "init_error", None)
@@ -336,41 +366,6 @@ def _explain_unsendable(batch: Any, exc: Exception, indices: list[Any]) -> Excep
         return exc
     explained.__cause__ = exc
     return explained
-
-
-class _InPlace:
-    """The training thread's transport: collate writes where it likes, nothing is sent."""
-
-    arrays_as_tensors = False
-
-    def collating(self) -> contextlib.nullcontext[None]:
-        return contextlib.nullcontext()
-
-    def encode(self, batch: Any) -> Any:
-        raise AssertionError("the training thread's batches are not sent")
-
-
-class _Unwatched:
-    """The training thread's status: nobody reads it."""
-
-    def begin(self, epoch: int, seq: int) -> None:
-        pass
-
-    def stage(self, stage: Stage) -> None:
-        pass
-
-    def position(self, position: int) -> None:
-        pass
-
-    def idle(self) -> None:
-        pass
-
-    def stop_requested(self) -> bool:
-        return False
-
-
-_IN_PLACE = _InPlace()
-_UNWATCHED = _Unwatched()
 
 
 def _runner(spec: WorkerSpec, user: UserObjects, resume: Any) -> TaskRunner:

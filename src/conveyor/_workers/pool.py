@@ -17,15 +17,14 @@ import os
 import selectors
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from .._task.protocol import (
     BatchDone,
     Died,
+    EpochMessage,
     IterationEnded,
     Ready,
-    SeedPipe,
     StartupFailed,
     Stop,
     Task,
@@ -155,10 +154,10 @@ class WorkerPool(Readings):
 
     # --- talking to workers ---------------------------------------------------------
 
-    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
-        """Send a task (its frame carries the slots freed since), or a DataPipe's seed
-        for the next epoch (kept for a replacement too); to a worker that just died it
-        is simply lost: the caller re-sends what a dead worker had not answered."""
+    def send(self, worker_id: int, message: Task | EpochMessage) -> None:
+        """Send a task (its frame carries the slots freed since), or what the next epoch
+        starts with (kept for a replacement too); to a worker that just died it is simply
+        lost: the caller re-sends what a dead worker had not answered."""
         worker = self._workers[worker_id]
         if type(message) is Task:
             released = worker.take_releases() if worker.pending_releases else ()
@@ -166,8 +165,8 @@ class WorkerPool(Readings):
             worker.unanswered += 1
             self._release_alone()
             return
-        assert isinstance(message, SeedPipe)
-        self._specs[worker_id] = replace(self._specs[worker_id], pipe_seed=message.seed)
+        assert not isinstance(message, Task)
+        self._specs[worker_id] = self._specs[worker_id].keeping(message)
         self._write(worker, wire.encode(message))
 
     def _release_alone(self) -> None:

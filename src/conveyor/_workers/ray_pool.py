@@ -32,7 +32,7 @@ import uuid
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,8 @@ from .._task.protocol import (
     GONE,
     BatchDone,
     Died,
+    EpochMessage,
     Ready,
-    SeedPipe,
     Stage,
     StartupFailed,
     Task,
@@ -154,12 +154,12 @@ class RayPool:
 
     # --- talking to workers -------------------------------------------------------------
 
-    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
+    def send(self, worker_id: int, message: Task | EpochMessage) -> None:
         """A call on the worker's actor (Ray queues it: never blocks). To a lost worker a
         task is dropped: the loop re-sends it to the replacement, after the death."""
         remote = self._workers[worker_id]
-        if isinstance(message, SeedPipe):
-            self._specs[worker_id] = replace(self._specs[worker_id], pipe_seed=message.seed)
+        if not isinstance(message, Task):  # what a replacement starts with too
+            self._specs[worker_id] = self._specs[worker_id].keeping(message)
         if remote.lost:
             return
         ref = remote.actor.handle.remote(message)

@@ -1,6 +1,8 @@
 """What the shell of every kind of worker gives the core it runs: who the worker is and
 what it serves (:class:`WorkerSpec`), the user's objects (:class:`UserObjects`), and
-what the core works against: an inbox, an outbox, a status sink and a transport."""
+what the core works against: an inbox, an outbox, a status sink and a transport (in the
+training thread, ``num_workers=0``: :data:`IN_PLACE` and :data:`UNWATCHED`, nothing sent
+and nobody reading)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._task.protocol import MainMessage, Stage, WorkerMessage
+from .._task.compat import assert_never
+from .._task.dataset_calls import DatasetCall, detach
+from .._task.protocol import EpochMessage, MainMessage, ReplayCalls, SeedPipe, Stage, WorkerMessage
 from .._task.supervision import SupervisionPolicy
 from .._torch import datapipes as _datapipes
 from ..collate import Registrations
 
 __all__ = [
+    "IN_PLACE",
+    "UNWATCHED",
     "Inbox",
     "Outbox",
     "SpecSource",
@@ -87,6 +93,9 @@ class WorkerSpec:
     resume_state: bytes | None = None  # a pickled WorkerState to restore at start-up
     new_epoch_first: bool = False  # that state is an ended epoch's: the first task starts anew
     pipe_seed: int | None = None  # an IterDataPipe dataset: its shared seed (_datapipes)
+    # The training loop's calls on the main process's dataset (set_epoch...), made on the
+    # worker's copy before anything else: a replacement's copy may be older than they are.
+    calls: tuple[DatasetCall, ...] = ()
     worker_method: str = "multiprocessing"  # what get_worker_info() says
 
     @classmethod
@@ -110,17 +119,32 @@ class WorkerSpec:
             **start,
         )
 
+    def keeping(self, message: EpochMessage) -> WorkerSpec:
+        """This spec, for a worker started in place of one that was sent ``message``
+        (as an epoch started): it starts where that one was."""
+        match message:
+            case SeedPipe(seed=seed):
+                return dataclasses.replace(self, pipe_seed=seed)
+            case ReplayCalls(calls=calls):
+                return dataclasses.replace(self, calls=calls)
+            case _:
+                assert_never(message)
+
 
 def own_objects(user: UserObjects) -> UserObjects:
     """A core's objects when it shares its process with other cores (threads): a dataset
     of its own, as a process worker has, so what ``worker_init_fn`` or ``__iter__`` sets
     on it (``dataset.start = ...``, an iterator) is this core's. A shallow copy: the data
-    it holds (lists, arrays, files) is shared, not copied. A dataset that cannot be
-    copied is shared."""
+    it holds (lists, arrays, files) is shared, not copied, and the calls conveyor records
+    for the workers (set_epoch...) are not (see _task.dataset_calls.detach). A dataset
+    that cannot be copied is shared."""
     dataset = user.dataset
     with contextlib.suppress(Exception):
         # A DataPipe graph is sharded per worker in place: each needs the whole graph.
-        dataset = copy.deepcopy(dataset) if _datapipes.is_datapipe(dataset) else copy.copy(dataset)
+        if _datapipes.is_datapipe(dataset):
+            dataset = copy.deepcopy(dataset)
+        else:
+            dataset = detach(copy.copy(dataset))
     return dataclasses.replace(user, dataset=dataset)
 
 
@@ -158,3 +182,41 @@ class Transport(Protocol):
     def encode(self, batch: Any) -> Any:
         """The payload for ``batch``; raises what pickling raises."""
         ...
+
+
+# --- what the training thread's core (num_workers=0) works against -----------------
+
+
+class InPlace:
+    """The training thread's transport: collate writes where it likes, nothing is sent."""
+
+    arrays_as_tensors = False
+
+    def collating(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def encode(self, batch: Any) -> Any:
+        raise AssertionError("the training thread's batches are not sent")
+
+
+class Unwatched:
+    """The training thread's status: nobody reads it."""
+
+    def begin(self, epoch: int, seq: int) -> None:
+        pass
+
+    def stage(self, stage: Stage) -> None:
+        pass
+
+    def position(self, position: int) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+    def stop_requested(self) -> bool:
+        return False
+
+
+IN_PLACE = InPlace()
+UNWATCHED = Unwatched()

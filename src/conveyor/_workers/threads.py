@@ -26,15 +26,14 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .._task.protocol import (
     GONE,
     BatchDone,
     Died,
+    EpochMessage,
     MainMessage,
-    SeedPipe,
     StartupFailed,
     Stop,
     Task,
@@ -200,10 +199,9 @@ class ThreadPool:
     def abilities(self) -> Abilities:
         return Abilities(inspect=self, abandon=self, usage=self, resize=self)
 
-    def send(self, worker_id: int, message: Task | SeedPipe) -> None:
-        if isinstance(message, SeedPipe):
-            spec = self._specs[worker_id]
-            self._specs[worker_id] = replace(spec, pipe_seed=message.seed)
+    def send(self, worker_id: int, message: Task | EpochMessage) -> None:
+        if not isinstance(message, Task):  # what a replacement starts with too
+            self._specs[worker_id] = self._specs[worker_id].keeping(message)
         self._workers[worker_id].inbox.queue.put(message)
 
     def wait(self, timeout: float | None) -> list[PoolEvent]:

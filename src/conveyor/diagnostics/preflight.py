@@ -8,10 +8,11 @@
   ERROR is raised (``UnpicklableError``, or ``ConfigError`` naming the fix)
   before any worker process exists; each WARNING is emitted once as a
   :class:`~conveyor.errors.PreflightWarning`.
-* :func:`warn_at_construction` says, when a loader with thread workers is built, what
-  draws from torch's global generator, which its threads would share (a kind of worker
-  says what it cannot keep at construction, not mid-run); :func:`run_automatic` then
-  leaves that finding out.
+* :func:`warn_at_construction` says, when a loader is built, what it cannot keep: with
+  thread workers, what draws from torch's global generator, which its threads would
+  share; with persistent workers, a method of ``epoch_calls`` whose calls it cannot see
+  (a kind of worker says what it cannot keep at construction, not mid-run);
+  :func:`run_automatic` then leaves those findings out.
 * :func:`check` returns the full :class:`Report`: it also pickles what spawn
   and forkserver workers receive (naming the attribute that fails), fetches
   one batch to estimate the memory the prefetch needs, and adds INFO findings.
@@ -22,8 +23,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -31,15 +31,16 @@ import cloudpickle
 
 from .._torch.datapipes import is_datapipe
 from .._workers import kinds
-from .._workers.kinds import WorkerKind
 from .._workers.start_method import StartMethod
 from ..config import LoaderConfig
 from ..errors import ConfigError, PreflightWarning, add_note
 from . import environment
+from .epoch_hazards import UNWATCHED, epoch_call_findings
 from .findings import Finding, Report, Severity
 from .fork_hazards import container_findings, cuda_findings, rng_findings, thread_findings
 from .handle_hazards import descriptor_findings, handle_findings
 from .pickling import explain_unpicklable, find_unpicklable
+from .target import Target, from_config, target_of
 from .thread_hazards import thread_hazard_findings, torch_draw_findings
 from .walk import Walk
 
@@ -55,51 +56,11 @@ __all__ = [
 
 _MAX_BATCH_LEAVES = 10_000
 _FULL_WALK_OBJECTS = 20_000  # check() may look further than the automatic pre-flight
-_SAID_AT_CONSTRUCTION = frozenset({"thread-torch-rng"})
+_SAID_AT_CONSTRUCTION = frozenset({"thread-torch-rng", UNWATCHED})
 _SKIP_NOTE = (
     "conveyor found this before starting any worker; DataLoader(..., preflight=False) "
     "skips these checks."
 )
-
-
-@dataclass(frozen=True)
-class _Target:
-    """What a check looks at, whether it was given a DataLoader or a bare dataset."""
-
-    roots: tuple[tuple[str, Any], ...]  # ("dataset", ...), ("collate_fn", ...), ...
-    start_method: StartMethod
-    num_workers: int
-    prefetch_factor: int
-    batch_size: int | None  # None: samples are not batched (or a batch_sampler decides)
-    auto_collation: bool
-    collate_fn: Callable[[Any], Any] | None
-    iterable: bool
-    kind: WorkerKind = kinds.MULTIPROCESSING
-    threads_per_worker: int = 1  # worker processes of several cores in threads
-
-    @property
-    def processes(self) -> int:
-        """Worker processes (``num_workers`` counts cores: several a process in threads)."""
-        return self.num_workers // self.threads_per_worker
-
-    @property
-    def threads(self) -> bool:
-        """The workers are threads of this process: nothing pickled, nothing forked."""
-        return self.kind.in_this_process
-
-    @property
-    def dataset(self) -> Any:
-        return self.roots[0][1]
-
-    def subject(self) -> str:
-        workers = f"{self.processes} worker" + ("" if self.processes == 1 else "s")
-        if self.threads_per_worker > 1:
-            workers += f" of {self.threads_per_worker} threads"
-        kind = type(self.dataset)
-        name = f"{kind.__module__}.{kind.__qualname__}"
-        if self.threads:
-            return f"{name} ({self.num_workers} thread {workers.split(' ', 1)[1]})"
-        return f"{name} ({workers}, start method {self.start_method.name!r})"
 
 
 def check(
@@ -109,12 +70,14 @@ def check(
     multiprocessing_context: str | BaseContext | None = None,
     worker_method: str | None = None,
 ) -> Report:
-    """Check a dataset (or a ``DataLoader``, or its ``LoaderConfig``) for what would
-    break in worker processes (or thread workers: ``worker_method="thread"``).
+    """Check a dataset (or a ``DataLoader``, conveyor's or torch's, or its
+    ``LoaderConfig``) for what would break in worker processes (or thread workers:
+    ``worker_method="thread"``).
 
     Returns a :class:`Report`; ``print(report)`` for people, ``report.errors`` and
     ``report.warnings`` for programs. A loader is checked with its own settings, which
-    ``num_workers``, ``multiprocessing_context`` and ``worker_method`` override. A bare
+    ``num_workers``, ``multiprocessing_context`` and ``worker_method`` override; torch's
+    with what it does not do (tell persistent workers of ``dataset.set_epoch``). A bare
     dataset is checked as ``DataLoader(dataset, num_workers=...)`` would load it (batch
     size 1, the default start method), with as many workers as usable CPUs unless
     ``num_workers`` says otherwise. With ``num_workers=0`` there is nothing to
@@ -123,7 +86,7 @@ def check(
     It pickles the dataset once under spawn/forkserver and fetches one batch to
     estimate memory, so it costs more than the automatic pre-flight.
     """
-    target = _target(dataset_or_loader, num_workers, multiprocessing_context)
+    target = target_of(dataset_or_loader, num_workers, multiprocessing_context)
     if worker_method is not None:
         kind = kinds.find(worker_method)
         if kind is None:
@@ -138,6 +101,7 @@ def check(
         pickled = target.start_method.pickles_objects and not target.threads
         walk = Walk(target.roots, pickled=pickled, max_objects=_FULL_WALK_OBJECTS)
         findings += _object_findings(walk, target, full=True)
+        findings += _epoch_findings(target)
         if not target.threads:  # threads take no process, no descriptors, and may outnumber cores
             findings += environment.cpu_findings(target.processes)
             findings += environment.fd_findings(target.num_workers)
@@ -151,10 +115,10 @@ def check(
 
 def automatic_findings(config: LoaderConfig) -> list[Finding]:
     """The cheap checks :func:`run_automatic` acts on, worst first."""
-    return _automatic(_from_config(config, None, None))
+    return _automatic(from_config(config, None, None))
 
 
-def _automatic(target: _Target) -> list[Finding]:
+def _automatic(target: Target) -> list[Finding]:
     if target.threads:
         walk = Walk(target.roots, pickled=False)
         return thread_hazard_findings(walk, dict(target.roots).get("worker_init_fn"))
@@ -167,7 +131,7 @@ def _automatic(target: _Target) -> list[Finding]:
 
 def run_automatic(config: LoaderConfig, stacklevel: int = 3) -> None:
     """Raise the first ERROR the cheap checks find, else warn once per WARNING."""
-    target = _from_config(config, None, None)
+    target = from_config(config, None, None)
     findings = _automatic(target)
     for finding in findings:
         if finding.severity is Severity.ERROR:
@@ -181,15 +145,27 @@ def run_automatic(config: LoaderConfig, stacklevel: int = 3) -> None:
 
 
 def warn_at_construction(config: LoaderConfig, stacklevel: int = 3) -> None:
-    """Warn, as the loader is built, of what draws from torch's global generator when its
-    workers are threads (or processes of several threads); ``stacklevel``: how deep the
-    user's ``DataLoader(...)`` line is."""
-    threads = config.kind.in_this_process or config.options.threads_per_worker > 1
-    if not (config.options.preflight and config.num_workers > 0 and threads):
+    """Warn, as the loader is built, of what it cannot keep: what draws from torch's
+    global generator when its workers are threads (or processes of several threads), and
+    a method of ``epoch_calls`` whose calls it cannot see (persistent workers);
+    ``stacklevel``: how deep the user's ``DataLoader(...)`` line is."""
+    if not (config.options.preflight and config.num_workers > 0):
         return
-    walk = Walk(_from_config(config, None, None).roots, pickled=False)
-    for finding in torch_draw_findings(walk):
+    target = from_config(config, None, None)
+    found = [f for f in _epoch_findings(target) if f.code == UNWATCHED]
+    if config.kind.in_this_process or config.options.threads_per_worker > 1:
+        found += torch_draw_findings(Walk(target.roots, pickled=False))
+    for finding in found:
         _warn(finding, stacklevel)
+
+
+def _epoch_findings(target: Target) -> list[Finding]:
+    return epoch_call_findings(
+        target.dataset,
+        num_workers=target.num_workers,
+        persistent=target.persistent_workers,
+        epoch_calls=target.epoch_calls,
+    )
 
 
 def _warn(finding: Finding, stacklevel: int) -> None:
@@ -198,67 +174,7 @@ def _warn(finding: Finding, stacklevel: int) -> None:
     warnings.warn(warning, stacklevel=stacklevel + 1)
 
 
-# --- what to check ------------------------------------------------------------------
-
-
-def _target(obj: Any, num_workers: int | None, context: str | BaseContext | None) -> _Target:
-    from ..collate import default_collate
-    from ..dataset import is_iterable_dataset
-
-    config = obj if isinstance(obj, LoaderConfig) else _config_of(obj)
-    if config is not None:  # a DataLoader (never imported here) or its config
-        return _from_config(config, num_workers, context)
-    return _Target(
-        roots=(("dataset", obj),),
-        start_method=StartMethod.of(context),
-        num_workers=environment.cpus().usable if num_workers is None else num_workers,
-        prefetch_factor=2,
-        batch_size=1,
-        auto_collation=True,
-        collate_fn=default_collate,
-        iterable=is_iterable_dataset(obj),
-    )
-
-
-def _config_of(obj: Any) -> LoaderConfig | None:
-    """A DataLoader's config (a dataset's ``__getattr__`` may raise anything)."""
-    try:
-        config = getattr(obj, "_config", None)
-    except Exception:
-        return None
-    return config if isinstance(config, LoaderConfig) else None
-
-
-def _from_config(
-    config: LoaderConfig, num_workers: int | None, context: str | BaseContext | None
-) -> _Target:
-    """What to check for a loader: its settings, where ``check()``'s arguments do not
-    override them (``num_workers=None`` keeps the loader's, or all usable CPUs for 0)."""
-    # The loader's num_workers counts cores; the argument, as DataLoader's, processes.
-    workers = (
-        config.num_workers
-        if num_workers is None
-        else num_workers * config.options.threads_per_worker
-    )
-    return _Target(
-        roots=(
-            ("dataset", config.dataset),
-            ("collate_fn", config.collate_fn),
-            ("worker_init_fn", config.worker_init_fn),
-        ),
-        start_method=config.start_method if context is None else StartMethod.of(context),
-        num_workers=workers or (environment.cpus().usable if num_workers is None else 0),
-        prefetch_factor=config.prefetch_factor or 2,
-        batch_size=config.batch_size,
-        auto_collation=config.auto_collation,
-        collate_fn=config.collate_fn,
-        iterable=config.iterable,
-        kind=config.kind,
-        threads_per_worker=config.options.threads_per_worker,
-    )
-
-
-def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding]:
+def _object_findings(walk: Walk, target: Target, *, full: bool) -> list[Finding]:
     if target.threads:
         return thread_hazard_findings(walk, dict(target.roots).get("worker_init_fn"))
     method = target.start_method
@@ -279,7 +195,7 @@ def _object_findings(walk: Walk, target: _Target, *, full: bool) -> list[Finding
     return findings
 
 
-def _unpicklable_findings(target: _Target) -> list[Finding]:
+def _unpicklable_findings(target: Target) -> list[Finding]:
     findings = []
     for role, obj in target.roots:
         if obj is None:
@@ -305,7 +221,7 @@ def _worst_first(findings: Sequence[Finding]) -> tuple[Finding, ...]:
 # --- acting on findings -------------------------------------------------------------
 
 
-def _as_error(finding: Finding, target: _Target) -> Exception | None:
+def _as_error(finding: Finding, target: Target) -> Exception | None:
     """The exception for an ERROR finding (None if, looked at closely, it is not one).
 
     An object that cannot be pickled gets the same error the worker pool would
@@ -334,7 +250,7 @@ def _as_error(finding: Finding, target: _Target) -> Exception | None:
 # --- one batch, to estimate memory ----------------------------------------------------
 
 
-def _batch_bytes(target: _Target) -> int | None:
+def _batch_bytes(target: Target) -> int | None:
     """Bytes of a batch of the first samples, or None if that cannot be had cheaply.
 
     Iterable datasets are not started, and samplers are not drawn from (that

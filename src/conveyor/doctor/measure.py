@@ -18,6 +18,7 @@ from conveyor import DataLoader
 from conveyor._workers.start_method import StartMethod
 from conveyor.dataset import is_iterable_dataset
 from conveyor.diagnostics.environment import affinity
+from conveyor.diagnostics.epoch_hazards import epoch_call_findings
 from conveyor.diagnostics.findings import Finding, Report
 from conveyor.diagnostics.preflight import check
 from conveyor.doctor.profile import LoaderRun, Profile, ThreadProbe
@@ -66,6 +67,16 @@ def examine(
             prefetch_factor=target.prefetch_factor if most else None,
         )
     report = check(loader, num_workers=most, multiprocessing_context=method)
+    # The loader measured is a fresh one of conveyor's; what the user's own does between
+    # epochs (torch's tells persistent workers nothing of set_epoch) is the target's.
+    epochs = epoch_call_findings(
+        target.dataset,
+        num_workers=target.num_workers,
+        persistent=target.persistent_workers,
+        epoch_calls=target.epoch_calls,
+    )
+    if epochs:
+        report = Report((*report.findings, *epochs), subject=report.subject)
     hazards = check(loader, num_workers=max(most, 1), worker_method="thread")
 
     times, fetch_error = time_fetches(target.dataset)

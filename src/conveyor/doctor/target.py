@@ -31,6 +31,10 @@ class Target:
     num_workers: int = 0
     start_method: str | None = None
     prefetch_factor: int = 2
+    persistent_workers: bool = False
+    # What the loader makes on its workers' copies between epochs (conveyor's
+    # epoch_calls); None: torch's DataLoader, which makes no call on them.
+    epoch_calls: tuple[str, ...] | None = ("set_epoch",)
 
 
 def load_target(spec: str) -> Target:
@@ -103,6 +107,8 @@ def _resolve(obj: Any, spec: str, *, called: bool = False) -> Target:
             num_workers=config.num_workers,
             start_method=config.start_method.name,
             prefetch_factor=config.prefetch_factor or 2,
+            persistent_workers=config.persistent_workers,
+            epoch_calls=config.options.epoch_calls,
         )
     if _torch_loader(obj):
         context = obj.multiprocessing_context
@@ -115,6 +121,8 @@ def _resolve(obj: Any, spec: str, *, called: bool = False) -> Target:
             num_workers=obj.num_workers,
             start_method=context.get_start_method() if context is not None else None,
             prefetch_factor=obj.prefetch_factor or 2,
+            persistent_workers=bool(obj.persistent_workers),
+            epoch_calls=None,
         )
     if not isinstance(obj, type) and (hasattr(obj, "__getitem__") or hasattr(obj, "__iter__")):
         return Target(dataset=obj, spec=spec)

@@ -77,7 +77,7 @@ class Sampler(*_torch_twin("Sampler"), Generic[_T_co]):  # type: ignore[misc]
 class SequentialSampler(*_torch_twin("SequentialSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields ``0, 1, ..., len(data_source) - 1``."""
 
-    data_source: Sized
+    data_source: Sized  #: what is sampled (only its ``len()`` is used)
 
     def __init__(self, data_source: Sized) -> None:
         self.data_source = data_source
@@ -98,8 +98,8 @@ class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler
     drawn from torch's global RNG when iteration starts.
     """
 
-    data_source: Sized
-    replacement: bool
+    data_source: Sized  #: what is sampled (only its ``len()`` is used)
+    replacement: bool  #: draw each index independently (an index may repeat)
 
     def __init__(
         self,
@@ -124,6 +124,7 @@ class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler
 
     @property
     def num_samples(self) -> int:
+        """Indices an epoch yields: ``num_samples`` as given, else ``len(data_source)``."""
         if self._num_samples is None:
             return len(self.data_source)
         return self._num_samples
@@ -152,7 +153,7 @@ class SubsetRandomSampler(
 ):
     """Yields the elements of ``indices`` in random order."""
 
-    indices: Sequence[int]
+    indices: Sequence[int]  #: the indices to yield, shuffled
 
     def __init__(self, indices: Sequence[int], generator: Any = None) -> None:
         self.indices = indices
@@ -177,9 +178,9 @@ class WeightedRandomSampler(
     (as torch does), else as a float64 NumPy array.
     """
 
-    weights: Any
-    num_samples: int
-    replacement: bool
+    weights: Any  #: one weight per index, float64 (a tensor with torch, else an array)
+    num_samples: int  #: indices an epoch yields
+    replacement: bool  #: draw each index independently (an index may repeat)
 
     def __init__(
         self,
@@ -285,6 +286,7 @@ class BatchIterator(Iterator[list[int]]):
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """The samples yielded so far, and the wrapped sampler's and iterator's states."""
         state: dict[str, Any] = {"samples_yielded": self.samples_yielded}
         if is_stateful(self._owner.sampler):
             state["sampler_state"] = cast(Any, self._owner.sampler).state_dict()
@@ -293,6 +295,7 @@ class BatchIterator(Iterator[list[int]]):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the samples ``state`` says were yielded."""
         sampler = self._owner.sampler
         self.samples_yielded = int(state["samples_yielded"])
         if "sampler_state" in state and is_stateful(sampler):

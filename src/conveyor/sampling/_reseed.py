@@ -87,12 +87,15 @@ class Reseed:
 
 
 @contextlib.contextmanager
-def kept_global_rngs() -> Iterator[None]:
+def kept_global_rngs(*, with_torch: bool = True) -> Iterator[None]:
     """Without workers the task runs in the training process: its reseeding must not
-    change what the training loop draws afterwards."""
+    change what the training loop draws afterwards. (Also around a worker's replay of the
+    training loop's calls on the dataset, see conveyor._task.dataset_calls; a thread
+    core's ``random`` and NumPy module draws are its own, torch's generator the process's:
+    ``with_torch=False`` leaves that to the other threads.)"""
     py = random.getstate()
     npy = np.random.get_state()
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch") if with_torch else None
     own = torch.get_rng_state() if torch is not None else None
     try:
         yield
