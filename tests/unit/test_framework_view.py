@@ -227,17 +227,27 @@ def test_a_subclass_overriding_get_iterator_is_honoured(kind: dict[str, Any]) ->
     assert Counted.made == (1 if kind.get("persistent_workers") else 2)
 
 
-def test_a_subclass_returning_torchs_own_iterator_gets_it() -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "persistent-processes"])
+def test_a_subclass_returning_torchs_own_iterator_gets_it(workers: int) -> None:
+    """torch's iterators read the loader's attributes (``_dataset_kind``, ``_index_sampler``,
+    ``_auto_collation``...) and persistent ones are ``_reset(loader)`` each epoch."""
+    made = tud.dataloader._MultiProcessingDataLoaderIter if workers else None
+
     class TorchIterating(conveyor.DataLoader):
         def _get_iterator(self) -> Any:
-            return tud.dataloader._SingleProcessDataLoaderIter(self)
+            if made is None:
+                return tud.dataloader._SingleProcessDataLoaderIter(self)
+            return made(self)
 
-    loader = TorchIterating(MAP, batch_size=4, shuffle=True)
-    iterator = iter(loader)
-    assert type(iterator) is tud.dataloader._SingleProcessDataLoaderIter  # torch's, reading ours
-    assert sorted(i for batch in iterator for i in batch.tolist()) == sorted(
-        MAP[i] for i in range(10)
-    )
+    loader = TorchIterating(MAP, batch_size=4, shuffle=True, num_workers=workers,
+                            persistent_workers=workers > 0)  # fmt: skip
+    for _ in range(2):
+        iterator = iter(loader)
+        assert type(iterator).__module__ == "torch.utils.data.dataloader"  # torch's own
+        assert sorted(i for b in iterator for i in b.tolist()) == sorted(MAP[i] for i in range(10))
+    if workers:
+        assert loader._iterator is iterator  # kept and reset, as torch's __iter__ does
+        iterator._shutdown_workers()
 
 
 def test_setting_iterator_to_none_shuts_the_persistent_workers_down_as_torchs() -> None:
