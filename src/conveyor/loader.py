@@ -133,6 +133,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             **{name: arguments[name] for name in self.conveyor_options},
         )  # fmt: skip
         self._adopt(config)
+        self._dataset_kind = 1 if config.iterable else 0  # torch's _DatasetKind: Map, Iterable
         watch(config.dataset, config.options.epoch_calls)  # the instance's, never its class's
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
@@ -140,7 +141,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._preflight_pending = config.options.preflight  # on the first iter() with workers
         self._last_iterator: weakref.ref[Any] | None = None
         self._history = LoaderHistory()  # epochs, skipped samples, last statistics
-        self._iterator: MultiprocessIterator | None = None
+        self._iterator: Any = None  # persistent workers' (or a subclass's own) iterator
         self._config = config
         self._initialized = True
         self.check_worker_number_rationality()
@@ -162,6 +163,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             raise ValueError(
                 f"{name} attribute should not be set after {type(self).__name__} is initialized"
             )
+        kept = self.__dict__.get("_iterator")
+        if name == "_iterator" and value is None and isinstance(kept, MultiprocessIterator):
+            kept.close()  # Lightning's reset: torch's persistent workers are shut down there
         super().__setattr__(name, value)
         if self._initialized and not name.startswith("_"):
             # torch lets some arguments change after __init__ (num_workers,
@@ -181,6 +185,15 @@ class DataLoader(*_BASES):  # type: ignore[misc]
     def multiprocessing_context(self, value: str | BaseContext | None) -> None:
         self._multiprocessing_context = start_context(value, self.num_workers)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (or deep-copied) as torch's loader is, also once iterated: the arguments,
+        conveyor's options, the history and a state loaded for the next ``iter()``; not the
+        iterator, whose workers a copy cannot share (the copy's ``iter()`` starts afresh)."""
+        state = dict(self.__dict__)
+        state.update(_iterator=None, _primed=None, _last_iterator=None, _progress=None)
+        state["_history"] = dataclasses.replace(self._history, tracer=None)
+        return state
+
     @property
     def _auto_collation(self) -> bool:
         return self.batch_sampler is not None
@@ -191,13 +204,32 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     # --- iteration --------------------------------------------------------
 
-    def __iter__(self) -> InlineIterator | MultiprocessIterator:
+    def __iter__(self) -> Any:
         primed, self._primed = self._primed, None
-        if primed is not None and not primed.closed:
+        if primed is not None and not getattr(primed, "closed", False):
             return primed  # made by state_dict() before the first iter(), as torchdata does
-        return self._new_iterator()
+        return self._next_iterator()
 
-    def _new_iterator(self) -> InlineIterator | MultiprocessIterator:
+    def _next_iterator(self) -> Any:
+        """torch's ``__iter__``: persistent workers keep one iterator, reset each epoch
+        (a state loaded meanwhile starts them afresh); else ``_get_iterator()``, which a
+        subclass may override, as with torch's loader."""
+        if not (self.persistent_workers and self.num_workers > 0):
+            return self._get_iterator()
+        kept = self._iterator
+        if kept is None or getattr(kept, "closed", False) or self._pending_state is not None:
+            if kept is not None:
+                kept.close()
+            self._iterator = self._get_iterator()
+        elif isinstance(kept, MultiprocessIterator):
+            kept.reset()
+            self._watch(kept)
+        else:
+            kept._reset(self)  # a subclass's own iterator: torch's call
+        return self._iterator
+
+    def _get_iterator(self) -> InlineIterator | MultiprocessIterator:
+        """A new iterator over the loader (torch's hook, called by ``iter()``)."""
         iterator: InlineIterator | MultiprocessIterator
         config = self._config
         # Ray workers get the objects pickled when their pool starts, which names what does
@@ -206,16 +238,16 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         checked = config.kind.automatic_preflight
         if self.num_workers > 0 and self._preflight_pending and checked:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
-            # (or state_dict()) line: four frames up.
-            run_automatic(config, stacklevel=4)
+            # (or state_dict()) line: five frames up.
+            run_automatic(config, stacklevel=5)
             self._preflight_pending = False
         resume, self._pending_state = self._pending_state, None
         if not self._history.warned_duplicates:
             text = unsharded_ranks(config)
             if text is not None:
                 self._history.warned_duplicates = True
-                # At the user's iter() (or state_dict()) line: three frames up.
-                warnings.warn(text, DuplicateDataWarning, stacklevel=3)
+                # At the user's iter() (or state_dict()) line: four frames up.
+                warnings.warn(text, DuplicateDataWarning, stacklevel=4)
         if self.num_workers == 0:
             iterator = InlineIterator(config, self._history, resume)
         elif self.prefetch_factor == 0:
@@ -223,21 +255,17 @@ class DataLoader(*_BASES):  # type: ignore[misc]
                 "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
                 "use prefetch_factor >= 1 (2 is the default)"
             )
-        elif not self.persistent_workers:
+        else:
             self.check_worker_number_rationality()
             iterator = MultiprocessIterator(config, self._history, resume=resume)
-        elif self._iterator is None or self._iterator.closed or resume is not None:
-            if self._iterator is not None:
-                self._iterator.close()
-            iterator = self._iterator = MultiprocessIterator(config, self._history, resume=resume)
-        else:
-            self._iterator.reset()
-            iterator = self._iterator
+        self._watch(iterator)
+        return iterator
+
+    def _watch(self, iterator: InlineIterator | MultiprocessIterator) -> None:
         # A weak reference: holding the iterator would keep its workers alive
         # after the user's loop is gone.
         self._last_iterator = weakref.ref(iterator)
         self._progress = iterator.progress
-        return iterator
 
     # --- checkpoint and resume ------------------------------------------------------
 
@@ -252,7 +280,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if self._progress is None or self._pending_state is not None:
             # Nothing to describe yet (or a loaded state waits): make the iterator now,
             # as torchdata does; the next iter() returns it.
-            self._primed = self._new_iterator()
+            self._primed = self._next_iterator()
         assert self._progress is not None
         return self._progress.state_dict()
 

@@ -33,13 +33,14 @@ from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
-from ..sampling import consecutive_batches
+from ..sampling._defaults import consecutive_batches
 from . import failures, messages
 from .book import FILED, SURVIVED, TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
 from .epoch_news import EpochNews
+from .face import IteratorFace
 from .facts import Position
 from .failures import TaskError
 from .ledger import Entry
@@ -53,7 +54,7 @@ from .supervisor import Supervisor
 from .tally import Tally
 
 
-class MultiprocessIterator:
+class MultiprocessIterator(IteratorFace):
     def __init__(
         self,
         config: LoaderConfig,
@@ -118,7 +119,6 @@ class MultiprocessIterator:
         self.progress = self._new_progress()
 
     # --- the iterator protocol ----------------------------------------------------------
-
     def __iter__(self) -> MultiprocessIterator:
         return self
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import _torch
 from ..distributed import DistributedSampler, epoch_order
-from ..sampling import BatchSampler
+from ..sampling._defaults import plain_batches
 
 SAMPLES, BATCHES = "samples", "batches"
 
@@ -194,7 +194,7 @@ def find(config: Any) -> Sharding | None:
     if shard is not None:
         return shard
     sampler: Any = getattr(batch_sampler, "sampler", None)
-    if not (_plain_batches(batch_sampler) and _distributed(sampler)):
+    if not (plain_batches(batch_sampler) and _distributed(sampler)):
         return None
     deal = Deal(
         SAMPLES,
@@ -205,15 +205,6 @@ def find(config: Any) -> Sharding | None:
         batch_drop_last=bool(batch_sampler.drop_last),
     )
     return Sharding(deal, sampler, len(sampler.dataset))
-
-
-def _plain_batches(batch_sampler: Any) -> bool:
-    """conveyor's or torch's own ``BatchSampler`` (a subclass may batch otherwise)."""
-    torch = _torch.load()
-    kinds: tuple[type, ...] = (BatchSampler,)
-    if torch is not None:
-        kinds += (torch.utils.data.BatchSampler,)
-    return type(batch_sampler) in kinds
 
 
 def _distributed(sampler: Any) -> bool:
@@ -229,7 +220,7 @@ def _accelerate_shard(batch_sampler: Any) -> Sharding | None:
     if kind.__name__ != "BatchSamplerShard" or not kind.__module__.startswith("accelerate"):
         return None
     inner: Any = getattr(batch_sampler, "batch_sampler", None)
-    if batch_sampler.split_batches or not _plain_batches(inner) or inner.batch_size is None:
+    if batch_sampler.split_batches or not plain_batches(inner) or inner.batch_size is None:
         return None
     source = inner.sampler
     deal = Deal(

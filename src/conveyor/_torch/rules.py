@@ -10,12 +10,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from conveyor.diagnostics import environment
-from conveyor.sampling import (
-    BatchSampler,
-    InfiniteConstantSampler,
-    RandomSampler,
-    SequentialSampler,
-)
+from conveyor.sampling import _defaults
 
 __all__ = ["Sampling", "sampling", "start_context", "too_many_workers", "worker_arguments"]
 
@@ -128,15 +123,15 @@ def sampling(
         raise ValueError(
             "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
         )
-    if sampler is None:
+    if sampler is None:  # torch's own classes, as torch's loader makes them (_defaults)
         if iterable:
-            sampler = InfiniteConstantSampler()
+            sampler = _defaults.endless()
         elif shuffle:
-            sampler = RandomSampler(dataset, generator=generator)
+            sampler = _defaults.shuffled(dataset, generator)
         else:
-            sampler = SequentialSampler(dataset)
+            sampler = _defaults.sequential(dataset)
     if batch_size is not None and batch_sampler is None:
-        batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        batch_sampler = _defaults.batches(sampler, batch_size, drop_last)
     return Sampling(sampler, batch_sampler, batch_size, drop_last)
 
 

@@ -259,12 +259,20 @@ class BatchIterator(Iterator[list[int]]):
         self._owner = batch_sampler
         self._size = batch_sampler.batch_size
         self._drop_last = batch_sampler.drop_last
-        self._indices: Iterator[int] = iter(batch_sampler.sampler)
+        # iter(sampler) when first needed, as torch's generator opens it at the first
+        # batch: a sampler that draws in __iter__ draws after the loader's base seed.
+        self._opened: Iterator[int] | None = None
         self.samples_yielded = 0
 
     @property
+    def _indices(self) -> Iterator[int]:
+        if self._opened is None:
+            self._opened = iter(self._owner.sampler)
+        return self._opened
+
+    @property
     def inner_stateful(self) -> bool:
-        """The wrapped sampler or its iterator keeps a state of its own."""
+        """The wrapped sampler or its iterator keeps a state of its own (asking opens it)."""
         return is_stateful(self._owner.sampler) or is_stateful(self._indices)
 
     def __iter__(self) -> BatchIterator:
@@ -292,7 +300,7 @@ class BatchIterator(Iterator[list[int]]):
         self.samples_yielded = int(state["samples_yielded"])
         if "sampler_state" in state and is_stateful(sampler):
             sampler.load_state_dict(state["sampler_state"])  # type: ignore[union-attr]
-        self._indices = iter(sampler)
+        self._opened = iter(sampler)
         if "sampler_iter_state" in state and is_stateful(self._indices):
             cast(Any, self._indices).load_state_dict(state["sampler_iter_state"])
         elif not (is_stateful(sampler) or is_stateful(self._indices)):
@@ -306,13 +314,3 @@ class InfiniteConstantSampler(Sampler[None]):
 
     def __iter__(self) -> Iterator[None]:
         return itertools.repeat(None)
-
-
-# --- what the loop asks of a sampler ---------------------------------------------
-
-
-def consecutive_batches(index_sampler: Any) -> bool:
-    """Whether every batch ``index_sampler`` yields is a run of consecutive ints:
-    conveyor's own ``BatchSampler`` over its own ``SequentialSampler`` (the
-    default without ``shuffle``), whose iterator draws from a ``range``."""
-    return type(index_sampler) is BatchSampler and type(index_sampler.sampler) is SequentialSampler
