@@ -13,6 +13,7 @@ whole through the pipe instead: slower, never stuck.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import sys
 import weakref
@@ -249,6 +250,7 @@ class _Plan:
     kind: type
     keys: tuple[str, ...] | None  # a dict's, in order
     leaves: tuple[tuple[np.dtype[Any], tuple[int, ...], bool], ...]
+    from_numpy: Any = None  # torch's, for the tensor leaves (only where torch is loaded)
 
     @staticmethod
     def of(batch: Any, buffers: list[np.ndarray]) -> _Plan | None:
@@ -276,14 +278,13 @@ class _Plan:
             ):
                 return None
             leaves.append((array.dtype, array.shape, is_tensor))
-        return _Plan(kind, keys, tuple(leaves))
+        return _Plan(kind, keys, tuple(leaves), torch.from_numpy if torch is not None else None)
 
     def build(self, base: np.ndarray, layout: tuple[tuple[int, int], ...]) -> Any:
-        ndarray, leaves = np.ndarray, []
-        from_numpy = sys.modules["torch"].from_numpy if "torch" in sys.modules else None
+        ndarray, leaves, from_numpy = np.ndarray, [], self.from_numpy
         for (dtype, shape, is_tensor), (offset, _) in zip(self.leaves, layout, strict=True):
             leaf: np.ndarray = ndarray(shape, dtype, base, offset)
-            leaves.append(from_numpy(leaf) if is_tensor and from_numpy else leaf)
+            leaves.append(from_numpy(leaf) if is_tensor else leaf)
         if self.keys is not None:
             return dict(zip(self.keys, leaves, strict=True))
         return leaves if self.kind is list else tuple(leaves)
@@ -307,18 +308,22 @@ class Decoder:
         """Decoded batches over slots whose arrays are still alive."""
         return len(self._watch)
 
-    def _on_release(self, slot_id: int) -> None:
+    def _on_release(self, slot_id: int, _: Any = None) -> None:
+        """The batch over ``slot_id`` is garbage (or was never handed out)."""
         self._watch.pop(slot_id, None)
-        self.arena.forget(slot_id)
+        if not self.arena.keep_maps:
+            self.arena.forget(slot_id)
         self._give_back(slot_id)
 
-    def decode(self, payload: Payload) -> Any:
-        if isinstance(payload, InlinePayload):
-            return pickle.loads(payload.data)
+    def decode(self, payload: Payload, region: np.ndarray | None = None) -> Any:
+        """The batch of ``payload`` (``region``: its slot, mapped already)."""
+        if type(payload) is not SlotPayload:
+            return pickle.loads(payload.data)  # type: ignore[union-attr]
         if payload.retired:
             self.arena.forget_retired(payload.retired)
         slot_id = payload.slot.slot_id
-        region = self.arena.view(payload.slot)
+        if region is None:
+            region = self.arena.view(payload.slot)
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
         # base is a memoryview), so it dies exactly when the last one does.
@@ -340,8 +345,7 @@ class Decoder:
                     self._plans.clear()
                 self._plans[payload.meta] = _Plan.of(batch, buffers)
             del buffers
-        release = self._on_release
-        self._watch[slot_id] = weakref.ref(base, lambda _: release(slot_id))
+        self._watch[slot_id] = weakref.ref(base, functools.partial(self._on_release, slot_id))
         return batch
 
     def discard(self, payload: Payload) -> None:
@@ -357,19 +361,25 @@ class PayloadHandle:
     ``opening`` runs first, on the thread that hands batches out (the pool sends the
     slots freed since: the batch handed out before is usually gone by now)."""
 
-    __slots__ = ("decoder", "opening", "payload")
+    __slots__ = ("decoder", "opening", "payload", "region")
 
     def __init__(
-        self, decoder: Decoder, payload: Payload, opening: Callable[[], None] | None = None
+        self,
+        decoder: Decoder,
+        payload: Payload,
+        opening: Callable[[], None] | None = None,
+        region: np.ndarray | None = None,
     ) -> None:
+        """``region``: the payload's slot, mapped on receipt (see WorkerPool._received)."""
         self.decoder = decoder
         self.payload = payload
         self.opening = opening
+        self.region = region
 
     def open(self) -> Any:
         if self.opening is not None:
             self.opening()
-        return self.decoder.decode(self.payload)
+        return self.decoder.decode(self.payload, self.region)
 
     def discard(self) -> None:
         self.decoder.discard(self.payload)
