@@ -83,7 +83,7 @@ class WorkerArena:
         self.status_page = map_status_page(fd)
         self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
-        self._maps: dict[int, np.ndarray] = {}
+        self.maps: dict[int, np.ndarray] = {}
         self._addresses: dict[int, int] = {}  # where each slot is mapped here
         self._reserved: dict[int, int] = {}  # bytes of each slot whose pages are reserved
         self._free: set[int] = set()
@@ -161,7 +161,7 @@ class WorkerArena:
         # A lease-private base: every array collate makes in the slot is a view of
         # it (NumPy collapses view chains to it, since its own base is a memoryview),
         # so it dies exactly when the worker's last such array does.
-        base = np.frombuffer(memoryview(self._maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
+        base = np.frombuffer(memoryview(self.maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
         slot_id, done = best.slot_id, self._worker_done
         # A plain weak reference with a callback: far cheaper per batch than finalize.
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
@@ -269,7 +269,7 @@ class WorkerArena:
         slot = self._slots.pop(slot_id)
         self._free.discard(slot_id)
         self._budgeted.discard(slot_id)
-        self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
+        self.maps.pop(slot_id, None)  # free: no array of this worker uses the map
         self._addresses.pop(slot_id, None)
         self._watch.pop(slot_id, None)
         self._reserved.pop(slot_id, None)
@@ -301,7 +301,7 @@ class WorkerArena:
         self._next_id += 1
         self._slots[slot.slot_id] = slot
         self._reserved[slot.slot_id] = reserved
-        self._maps[slot.slot_id] = view
+        self.maps[slot.slot_id] = view
         self._addresses[slot.slot_id] = view.ctypes.data
         return slot
 
@@ -317,28 +317,28 @@ class MainArena:
     def __init__(self, fd: int, keep_maps: bool | None = None) -> None:
         self.fd = fd
         self.status_page = map_status_page(fd)
-        self._maps: dict[int, np.ndarray] = {}
+        self.maps: dict[int, np.ndarray] = {}  # slot id -> its map here
         self.keep_maps = not address_space_limited() if keep_maps is None else keep_maps
 
     def view(self, slot: SlotInfo) -> np.ndarray:
-        view = self._maps.get(slot.slot_id)
+        view = self.maps.get(slot.slot_id)
         if view is None:
             if self.fd < 0:  # mmap(-1) would silently map fresh zeroed memory
                 raise RuntimeError(f"slot {slot.slot_id} was not mapped before its arena closed")
             view = map_range(self.fd, slot.offset, slot.size, "the main process")
-            self._maps[slot.slot_id] = view
+            self.maps[slot.slot_id] = view
         return view
 
     def forget_retired(self, slot_ids: tuple[int, ...]) -> None:
         """The worker gave these slots up: their maps go (batches alive keep theirs)."""
         for slot_id in slot_ids:
-            self._maps.pop(slot_id, None)
+            self.maps.pop(slot_id, None)
 
     def forget(self, slot_id: int) -> None:
         """The batch over a slot is gone: unless maps are kept, the slot is unmapped
         once nothing else uses its map."""
         if not self.keep_maps:
-            self._maps.pop(slot_id, None)
+            self.maps.pop(slot_id, None)
 
     def map_all(self, slots: list[SlotInfo]) -> None:
         """Map these slots now, so they stay readable after the fd is closed."""
@@ -347,7 +347,7 @@ class MainArena:
 
     def drop_maps(self) -> None:
         """Forget our maps (the pool is closed): batches still alive keep their own."""
-        self._maps.clear()
+        self.maps.clear()
         self.status_page = memoryview(bytes(PAGE))
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._task.protocol import builder
 from ..collate import OUTPUT_ALLOCATOR
 from .arena import MainArena, SlotInfo, WorkerArena
 from .lease import SlotLease, align
@@ -48,6 +49,7 @@ class InlinePayload:
 
 
 Payload = SlotPayload | InlinePayload
+_slot_payload = builder(SlotPayload)  # once a batch: without the frozen __init__'s cost
 
 
 class Encoder:
@@ -163,7 +165,8 @@ class Encoder:
         if layout is None:
             return None
         self._remember_size(lease.used)
-        return SlotPayload(lease.slot, meta, layout, self.arena.take_retired(), True)
+        retired = self.arena.take_retired()
+        return _slot_payload(slot=lease.slot, meta=meta, layout=layout, retired=retired, plain=True)
 
     def _remember_size(self, used: int) -> None:
         self._size_hint, self._last_used = min(used, self._last_used or used), used
@@ -228,14 +231,17 @@ def _plain_arrays(batch: Any) -> list[np.ndarray] | None:
         flags = a.flags
         if not (flags.c_contiguous and flags.writeable):
             return None
-    if len({id(a) for a in arrays}) != len(arrays):
+    if len(set(map(id, arrays))) != len(arrays):
         return None
     return arrays
 
 
 def _structure(batch: Any, arrays: list[np.ndarray]) -> tuple[Any, ...]:
-    keys = tuple(batch) if type(batch) is dict else len(batch)
-    return (type(batch), keys, *((a.dtype.str, a.shape) for a in arrays))
+    key = [type(batch), tuple(batch) if type(batch) is dict else len(batch)]
+    for a in arrays:  # (a loop, not a generator: once a batch)
+        key.append(a.dtype.str)
+        key.append(a.shape)
+    return tuple(key)
 
 
 def _packed_size(raws: list[memoryview]) -> int:
@@ -315,13 +321,14 @@ class Decoder:
             self.arena.forget(slot_id)
         self._give_back(slot_id)
 
-    def decode(self, payload: Payload, region: np.ndarray | None = None) -> Any:
-        """The batch of ``payload`` (``region``: its slot, mapped already)."""
+    def decode(self, payload: Payload) -> Any:
+        """The batch of ``payload``."""
         if type(payload) is not SlotPayload:
             return pickle.loads(payload.data)  # type: ignore[union-attr]
         if payload.retired:
             self.arena.forget_retired(payload.retired)
         slot_id = payload.slot.slot_id
+        region = self.arena.maps.get(slot_id)  # mapped on receipt (see WorkerPool)
         if region is None:
             region = self.arena.view(payload.slot)
         # A batch-private base array: every array of the batch is a view of it
@@ -361,25 +368,19 @@ class PayloadHandle:
     ``opening`` runs first, on the thread that hands batches out (the pool sends the
     slots freed since: the batch handed out before is usually gone by now)."""
 
-    __slots__ = ("decoder", "opening", "payload", "region")
+    __slots__ = ("decoder", "opening", "payload")
 
     def __init__(
-        self,
-        decoder: Decoder,
-        payload: Payload,
-        opening: Callable[[], None] | None = None,
-        region: np.ndarray | None = None,
+        self, decoder: Decoder, payload: Payload, opening: Callable[[], None] | None = None
     ) -> None:
-        """``region``: the payload's slot, mapped on receipt (see WorkerPool._received)."""
         self.decoder = decoder
         self.payload = payload
         self.opening = opening
-        self.region = region
 
     def open(self) -> Any:
         if self.opening is not None:
             self.opening()
-        return self.decoder.decode(self.payload, self.region)
+        return self.decoder.decode(self.payload)
 
     def discard(self) -> None:
         self.decoder.discard(self.payload)

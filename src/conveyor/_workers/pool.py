@@ -239,13 +239,12 @@ class WorkerPool(Readings):
             if payload is None:
                 events.append(_received(worker_id=worker_id, message=message, batch=None))
                 continue
-            region = None
             if type(payload) is SlotPayload:
                 # Map on receipt: the batch stays readable if the worker dies before
                 # the user takes it (the fd is closed when the worker is replaced).
-                region = worker.arena.view(payload.slot)
+                worker.arena.view(payload.slot)
                 worker.slot_bytes = payload.slot.size
-            handle = PayloadHandle(worker.decoder, payload, self._release_alone, region)
+            handle = PayloadHandle(worker.decoder, payload, self._release_alone)
             events.append(_received(worker_id=worker_id, message=message, batch=handle))
         return events
 

@@ -29,6 +29,7 @@ system call for all of them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pickle
 import struct
@@ -83,7 +84,14 @@ def encode(message: Any) -> bytes:
     """One whole frame (length included) for ``message`` (a task: :func:`encode_task`)."""
     if type(message) is Task:
         return encode_task(message)
-    if type(message) is BatchDone and _plain_batch(message):
+    if (
+        type(message) is BatchDone
+        and type(message.payload) is SlotPayload
+        and not message.skipped
+        and message.state is None
+        and message.epoch_state is None
+        and message.asked_worker_info is None
+    ):
         body = _encode_batch(message)
     else:
         body = _KIND_PICKLE + bytes(ForkingPickler.dumps(message))
@@ -128,16 +136,6 @@ def _ids(released: tuple[int, ...]) -> bytes:
     return struct.pack(f"<{len(released)}q", *released) if released else b""
 
 
-def _plain_batch(message: BatchDone) -> bool:
-    return (
-        type(message.payload) is SlotPayload
-        and not message.skipped
-        and message.state is None
-        and message.epoch_state is None
-        and message.asked_worker_info is None
-    )
-
-
 def _encode_batch(message: BatchDone) -> bytes:
     payload: SlotPayload = message.payload
     slot, layout, retired = payload.slot, payload.layout, payload.retired
@@ -156,7 +154,7 @@ def _encode_batch(message: BatchDone) -> bytes:
         len(retired),
         payload.plain,
     )
-    pairs = struct.pack(f"<{2 * len(layout)}q", *(n for pair in layout for n in pair))
+    pairs = struct.pack(f"<{2 * len(layout)}q", *itertools.chain.from_iterable(layout))
     ids = struct.pack(f"<{len(retired)}q", *retired) if retired else b""
     return b"".join((_KIND_BATCH, head, pairs, ids, payload.meta))
 
@@ -202,7 +200,9 @@ class BodyDecoder:
             index = list(range(first, first + length))  # the list the sampler yielded
         else:
             index = pickle.loads(body[at:])
-        return Task(
+        task = _new(Task)  # (once a batch: without the frozen __init__, see _decode_batch)
+        task.__dict__.update(
+            _TASK_DEFAULTS,
             epoch=epoch,
             seq=seq,
             index=index,
@@ -211,6 +211,7 @@ class BodyDecoder:
             want_state=bool(flags & _TASK_WANT_STATE),
             consecutive=consecutive,
         )
+        return task
 
     def _decode_batch(self, body: memoryview) -> BatchDone:
         epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
@@ -246,6 +247,11 @@ class BodyDecoder:
 
 
 _new = object.__new__
+_TASK_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(Task)
+    if f.default is not dataclasses.MISSING and f.name not in _CARRIED[Task][0]
+}
 _DONE_DEFAULTS = {
     f.name: f.default
     for f in dataclasses.fields(BatchDone)
@@ -371,7 +377,9 @@ _INCOMPLETE: Any = object()  # FrameReader._next: no whole frame has been read
 
 def send(fd: int, message: Any) -> None:
     """Write one message to a blocking descriptor (the worker's side), whole."""
-    with memoryview(encode(message)) as data:
-        while data:
-            written = os.write(fd, data)
-            data = data[written:]
+    frame = encode(message)
+    written = os.write(fd, frame)
+    if written < len(frame):  # (a pipe takes a whole frame of up to 64 KiB at once)
+        with memoryview(frame) as data:
+            while written < len(frame):
+                written += os.write(fd, data[written:])
