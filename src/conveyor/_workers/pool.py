@@ -167,7 +167,12 @@ class WorkerPool(Readings):
             if pending:  # (appended to by finalizers, which run anywhere: copy, then cut)
                 released = tuple(pending)
                 del pending[: len(released)]
-            self._write(worker, wire.encode_task(message, released))
+            frame = wire.encode_task(message, released)
+            try:
+                if not worker.outbox.write(frame):  # never blocks (see _write)
+                    self._selector.want_room(worker.outbox.fd, worker)
+            except (BrokenPipeError, ConnectionResetError):
+                worker.outbox.clear()  # it died: its sentinel says so
             worker.unanswered += 1
             return
         assert not isinstance(message, Task)

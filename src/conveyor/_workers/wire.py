@@ -48,13 +48,15 @@ _COUNT = struct.Struct("<I")  # how many slot ids follow (R frames, and before a
 _ID = struct.Struct("<q")  # one slot id
 _TASK_TRACE, _TASK_WANT_STATE, _TASK_CONSECUTIVE = 1, 2, 4
 _RUN = struct.Struct("<qq")  # a consecutive index: its first value and length
-# A whole T frame, length first, of a consecutive index and no slots (one pack a batch).
+# A whole T frame, length first, of a consecutive index and no slots, or one (one pack).
 _PLAIN_RUN = struct.Struct("<QB" + _TASK.format[1:] + _RUN.format[1:])
+_PLAIN_RUN_1 = struct.Struct("<QB" + _TASK.format[1:] + "q" + _RUN.format[1:])
 # epoch, seq, busy_s, started, fetch_s, collate_s, encode_s, slot id, slot offset, slot
 # size, layout count, retired count, plain
 _BATCH = struct.Struct("<qqdddddqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE, _KIND_RELEASED = b"T", b"B", b"P", b"R"
 _KIND_PICKLED_TASK = b"Q"  # a task with excluded indices or places, pickled, and slots
+_BYTE_BATCH, _BYTE_TASK = _KIND_BATCH[0], _KIND_TASK[0]
 READ_SIZE = 1 << 16
 
 # What the binary forms carry, and the fields they leave out (which must then have their
@@ -111,12 +113,17 @@ def encode_task(task: Task, released: tuple[int, ...] = ()) -> bytes:
     flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
     index = task.index
     if task.consecutive and index:
-        if not released:  # the commonest task (a sequential sampler's): one pack
-            return _PLAIN_RUN.pack(
-                _PLAIN_RUN.size - _LENGTH.size, _KIND_TASK[0], task.epoch, task.seq,
-                task.first_sample, flags | _TASK_CONSECUTIVE, 0, index[0], len(index),
-            )  # fmt: skip
         flags |= _TASK_CONSECUTIVE
+        if not released:  # the commonest tasks (a sequential sampler's): one pack
+            return _PLAIN_RUN.pack(
+                _PLAIN_RUN.size - _LENGTH.size, _BYTE_TASK, task.epoch, task.seq,
+                task.first_sample, flags, 0, index[0], len(index),
+            )  # fmt: skip
+        if len(released) == 1:
+            return _PLAIN_RUN_1.pack(
+                _PLAIN_RUN_1.size - _LENGTH.size, _BYTE_TASK, task.epoch, task.seq,
+                task.first_sample, flags, 1, released[0], index[0], len(index),
+            )  # fmt: skip
         packed = _RUN.pack(index[0], len(index))
     else:
         packed = pickle.dumps(index, pickle.HIGHEST_PROTOCOL)
@@ -173,7 +180,7 @@ class BodyDecoder:
         if kind == _KIND_TASK:
             return self._decode_task(body)
         if kind == _KIND_BATCH:
-            return self._decode_batch(body)
+            return self.decode_batch(body)
         if kind == _KIND_PICKLE:
             return pickle.loads(body[1:])
         if kind in (_KIND_RELEASED, _KIND_PICKLED_TASK):
@@ -200,7 +207,7 @@ class BodyDecoder:
             index = list(range(first, first + length))  # the list the sampler yielded
         else:
             index = pickle.loads(body[at:])
-        task = _new(Task)  # (once a batch: without the frozen __init__, see _decode_batch)
+        task = _new(Task)  # (once a batch: without the frozen __init__, see decode_batch)
         task.__dict__.update(
             _TASK_DEFAULTS,
             epoch=epoch,
@@ -213,7 +220,8 @@ class BodyDecoder:
         )
         return task
 
-    def _decode_batch(self, body: memoryview) -> BatchDone:
+    def decode_batch(self, body: memoryview) -> BatchDone:
+        """A ``B`` frame's message (see :meth:`decode`)."""
         epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
         slot_id, offset, size, n_layout, n_retired, plain = rest
         at = 1 + _BATCH.size
@@ -276,6 +284,7 @@ class FrameReader:
         self._large: bytearray | None = None  # the body of a large frame being read
         self._large_filled = 0
         self._decoder = BodyDecoder(on_released)
+        self._batch = self._decoder.decode_batch  # a batch's frame: no dispatch on its kind
         self.eof = False
 
     def recv(self) -> Any:
@@ -369,6 +378,8 @@ class FrameReader:
                 self._data, self._at = b"", 0
             return _INCOMPLETE
         self._at = end
+        if data[start] == _BYTE_BATCH:
+            return self._batch(memoryview(data)[start:end])
         return self._decoder.decode(memoryview(data)[start:end])
 
 
