@@ -11,8 +11,8 @@ from conveyor._iter.book import FILED, SURVIVED, TaskBook
 from conveyor._iter.crashes import CrashJudge
 from conveyor._iter.deadlines import Deadlines
 from conveyor._iter.facts import GiveUpAt, Overdue, Restart, Stalled, TimedOut
+from conveyor._iter.ledger import Entry
 from conveyor._iter.messages import kill_reason
-from conveyor._iter.steps import Handout
 from conveyor._iter.tally import Tally
 from conveyor._task.protocol import BatchDone, Busy, Died, Stage, Task, WorkerStatus
 from conveyor._task.supervision import SupervisionPolicy
@@ -118,8 +118,8 @@ def step_kinds(b: TaskBook, n: int) -> list[Any]:
     out = []
     for _ in range(n):
         s = b.next_step()
-        out.append(s.entry.seq if isinstance(s, Handout) else type(s).__name__)
-        if not isinstance(s, Handout):
+        out.append(s.seq if isinstance(s, Entry) else type(s).__name__)
+        if not isinstance(s, Entry):
             break
     return out
 

@@ -11,7 +11,8 @@ from tests.helpers.tables import DONE, batches, dispatch, loop, step_kinds
 from conveyor._iter import failures
 from conveyor._iter.book import FILED, STALE, TaskBook
 from conveyor._iter.facts import Position
-from conveyor._iter.steps import EpochEnd, GiveUp, Handout, Wait
+from conveyor._iter.ledger import Entry
+from conveyor._iter.steps import EpochEnd, GiveUp, Wait
 from conveyor._iter.tally import Tally
 from conveyor._task.protocol import (
     HELD_BEYOND_PREFETCH,
@@ -65,7 +66,7 @@ def test_capacity_out_of_order_routes_around_a_busy_worker() -> None:
     b = loop(workers=2, prefetch=1, in_order=False).book
     assert dispatch(b, batches(2)) == [(0, 0), (1, 1)]
     reply(b, 1)
-    assert isinstance(b.next_step(), Handout)  # worker 1's batch out: it has room again
+    assert isinstance(b.next_step(), Entry)  # worker 1's batch out: it has room again
     assert b.next_worker() == 1  # worker 0 is at capacity (its task still running)
 
 
@@ -122,7 +123,7 @@ def test_an_iterable_workers_end_makes_it_inactive() -> None:
     b = loop(iterable=True).book
     dispatch(b, batches(4))
     b.on_reply(0, IterationEnded(0, 0))
-    assert isinstance(b.next_step(), Handout)
+    assert isinstance(b.next_step(), Entry)
     assert [b.next_worker() for _ in range(3)] == [1, 1, 1]
 
 
@@ -181,9 +182,9 @@ def test_task_failure_is_handed_out_in_order_with_its_context() -> None:
     reply(b, 0)
     assert step_kinds(b, 1) == [0]
     step = b.next_step()
-    assert isinstance(step, Handout) and isinstance(step.entry.reply, TaskFailed)
-    entry = step.entry
-    error = failures.task_failed(step.entry.reply, entry.worker_id, 77, entry.indices)
+    assert isinstance(step, Entry) and isinstance(step.reply, TaskFailed)
+    entry = step
+    error = failures.task_failed(step.reply, entry.worker_id, 77, entry.indices)
     assert isinstance(error, KeyError)
     context = error.conveyor_context  # type: ignore[attr-defined]
     assert (context.worker_id, context.pid, context.stage, context.indices, context.seq) == (

@@ -21,8 +21,9 @@ from tests.helpers.tables import (
 )
 
 from conveyor._iter.facts import GiveUpAt
+from conveyor._iter.ledger import Entry
 from conveyor._iter.messages import kill_reason
-from conveyor._iter.steps import GiveUp, Handout, Wait
+from conveyor._iter.steps import GiveUp, Wait
 from conveyor._task.protocol import Bystander, Own, Stage, Unknown
 from conveyor.errors import WorkerCrashedError
 
@@ -211,7 +212,7 @@ def test_under_skip_the_poison_sample_is_left_out_and_the_task_retried_without_i
         (2, [4, 5], ()),
     ]
     assert world.reply(0)  # the task itself: no probe goes first any more
-    assert isinstance(b.next_step(), Handout)
+    assert isinstance(b.next_step(), Entry)
     assert [(s.index, s.stage) for s in world.skipped] == [(1, "crash")]  # when handed out
     assert world.skipped[0].message.startswith("killed its worker 3 times: killed by signal")
     # Later tasks leave it out up front.
@@ -245,7 +246,7 @@ def test_a_batch_proven_to_kill_outside_fetching_is_settled_empty_under_skip() -
     assert isinstance(decision, Restarted)
     assert [t.seq for t in decision.resend] == [2]  # nothing of batch 0 is tried again
     step = world.book.next_step()
-    assert isinstance(step, Handout) and step.entry.seq == 0
+    assert isinstance(step, Entry) and step.seq == 0
     assert [(s.index, s.stage) for s in world.skipped] == [(0, "crash"), (1, "crash")]
 
 
@@ -273,7 +274,7 @@ def test_restart_budget_spent_gives_up_after_earlier_batches() -> None:
     assert world.die(died(1, 1), 1.0) is None
     assert isinstance(b.next_step(), Wait)  # batch 0 is still coming from worker 0
     world.reply(0)
-    assert isinstance(b.next_step(), Handout)
+    assert isinstance(b.next_step(), Entry)
     step = b.next_step()
     assert isinstance(step, GiveUp) and "restart budget is spent" in str(step.error)
     assert b.next_worker() is None  # nothing more is sent once giving up

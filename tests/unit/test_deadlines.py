@@ -8,7 +8,7 @@ import pytest
 from tests.helpers.tables import Restarted, batches, died, dispatch, loop, step_kinds
 
 from conveyor._iter.facts import Stalled, TimedOut
-from conveyor._iter.steps import Handout
+from conveyor._iter.ledger import Entry
 from conveyor._task.protocol import GONE, BatchDone, Busy, Stage, WorkerStatus
 from conveyor.errors import WorkerTimeoutError
 
@@ -58,7 +58,7 @@ def test_timeout_means_no_batch_for_that_long_even_if_nothing_runs() -> None:
     b, deadlines = world.book, world.deadlines
     dispatch(b, batches(2))
     b.on_reply(0, BatchDone(0, 0, object()), now=1.0)
-    assert isinstance(b.next_step(), Handout)
+    assert isinstance(b.next_step(), Entry)
     # Batch 1's worker is frozen while idle: its status page shows no task running.
     assert deadlines.next_deadline(4.0, [idle(0, 3.0), idle(1, 3.0)]) == pytest.approx(2.0)
     assert world.overdue(5.9, [idle(0, 4.9), idle(1, 4.9)]) == []

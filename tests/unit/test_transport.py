@@ -259,7 +259,7 @@ def test_the_main_process_drops_its_maps_of_retired_slots() -> None:
     assert isinstance(payload, SlotPayload) and payload.retired == (released[0],)
     big = decoder.decode(payload)
     assert float(big[-1]) == 1.0
-    assert set(main._maps) == {payload.slot.slot_id}
+    assert set(main.maps) == {payload.slot.slot_id}
     main.close()
 
 

@@ -68,16 +68,25 @@ def test_a_consecutive_index_travels_as_two_numbers_and_comes_back_a_list() -> N
 
 @pytest.mark.parametrize(
     "task",
-    [Task(0, 5, list(range(256))), Task(1, 2, ["a", ("b", 3)], exclude=("b",))],
-    ids=["fixed layout", "pickled"],
+    [
+        Task(0, 5, list(range(256))),
+        Task(0, 5, list(range(7, 263)), first_sample=7, consecutive=True, want_state=True),
+        Task(1, 2, ["a", ("b", 3)], exclude=("b",)),
+    ],
+    ids=["fixed layout", "consecutive", "pickled"],
 )
-def test_freed_slots_ride_in_a_tasks_frame_or_alone_and_reach_the_reader(task: Task) -> None:
+@pytest.mark.parametrize("released", [(), (4,), (4, 9)], ids=["none", "one", "two"])
+def test_freed_slots_ride_in_a_tasks_frame_or_alone_and_reach_the_reader(
+    task: Task, released: tuple[int, ...]
+) -> None:
     freed: list[tuple[tuple[int, ...], bool]] = []
     decoder = wire.BodyDecoder(on_released=lambda ids, alone: freed.append((ids, alone)))
-    back = decoder.decode(memoryview(wire.encode_task(task, (4, 9)))[8:])
+    frame = wire.encode_task(task, released)
+    assert wire._LENGTH.unpack_from(frame)[0] == len(frame) - 8
+    back = decoder.decode(memoryview(frame)[8:])
     assert back == task  # no message names a slot: the frame carries them
     assert decoder.decode(memoryview(wire.encode_released((5, 6, 7)))[8:]) is None
-    assert freed == [((4, 9), False), ((5, 6, 7), True)]
+    assert freed == [*([(released, False)] if released else []), ((5, 6, 7), True)]
 
 
 def test_a_frame_of_freed_slots_alone_is_no_message_to_read(pipe: tuple[int, int]) -> None:

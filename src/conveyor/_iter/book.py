@@ -38,7 +38,7 @@ from .facts import LeaveOut, Position, Restart
 from .ledger import BATCH, ITERABLE, SINGLE, Entry, Ledger, LedgerView, WorkerRecord
 from .run_ahead import RunAhead
 from .skips import SkipLedger, crash_notes, notes_of
-from .steps import EpochEnd, GiveUp, Handout, NextStep, Wait
+from .steps import EPOCH_END, WAIT, GiveUp, NextStep
 
 # What on_reply says of a reply: filed; stale (the loop frees its payload); or the
 # verdict of a suspect tried alone (freed too; the crash judge clears the suspect).
@@ -62,6 +62,7 @@ class TaskBook:
         self.prefetch = prefetch
         self.in_order = in_order
         self.skips = SkipLedger(skipped, policy)
+        self._poison = self.skips.poison  # (the same set: asked at every dispatch)
         self.shape = ITERABLE if iterable else BATCH if auto_collation else SINGLE
         self._ledger = ledger = Ledger(num_workers, in_order, now)
         self.view = LedgerView(ledger)  # what the judges, the tally and the loop read
@@ -187,6 +188,13 @@ class TaskBook:
             return False
         return len(self._tasks) < (self.prefetch + self.ahead.extra) * self._serving
 
+    def tasks_wanted(self) -> int:
+        """How many more tasks go out now (see :meth:`wants_task`; the sampler may end
+        first), each to :meth:`next_worker`."""
+        if self._sampler_done or self._ledger.fatal is not None:
+            return 0
+        return (self.prefetch + self.ahead.extra) * self._serving - len(self._tasks)
+
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._ledger.fatal is not None:
@@ -228,7 +236,7 @@ class TaskBook:
             self._ledger.epoch, seq, worker_id, index, self.shape, now,
             first_sample, want_state, consecutive, places,
         )  # fmt: skip
-        if self.skips.has_poison and self.shape != ITERABLE:
+        if self._poison and self.shape != ITERABLE:
             entry.exclude, entry.left_out = self.skips.left_out_up_front(entry.indices, worker_id)
         self._tasks[seq] = entry
         self._workers[worker_id].in_flight += 1
@@ -258,16 +266,20 @@ class TaskBook:
             return SURVIVED
         entry.reply = reply
         entry.origin = origin
-        self._arrived[reply.seq] = None
+        if not self.in_order:
+            self._arrived[reply.seq] = None
         if now is not None:
             ledger.last_reply_at = now
-        if isinstance(reply, BatchDone):
+        if type(reply) is BatchDone:
             busy_s = reply.busy_s
             if busy_s > 0:
                 ewma = 0.9 * ledger.batch_time + 0.1 * busy_s
                 ledger.batch_time = ewma if ledger.batch_time else busy_s
             if room is not None:
-                self.ahead.batch(room, busy_s)
+                if room.full:
+                    entry.room = room  # the loop tells the user when it hands the batch out
+                elif room.size != self.ahead.size:  # (decided again only when it changes)
+                    self.ahead.batch(room, busy_s)
             if reply.skipped:
                 entry.left_out += notes_of(worker_id, reply.skipped)
         return FILED
@@ -300,38 +312,54 @@ class TaskBook:
             self.skips.mark_poison(leave.samples)
         if leave.whole_batch:  # nothing left to retry: settle the task as an empty batch
             entry.reply = BatchDone(self._ledger.epoch, entry.seq, None)
-            self._arrived[entry.seq] = None
+            if not self.in_order:
+                self._arrived[entry.seq] = None
         else:
             entry.exclude = (*entry.exclude, *leave.samples)
 
     # --- handing out ----------------------------------------------------------------
 
     def next_step(self) -> NextStep:
-        """What the loop does next: hand out a reply, give up, wait, or end the epoch."""
-        entry = self._ready()
-        if entry is None:
-            fatal = self._ledger.fatal
-            if fatal is not None and not any(s < fatal[0] for s in self._tasks):
-                return GiveUp(fatal[1])
-            if not self._tasks and fatal is None:
-                return EpochEnd()
-            return Wait()
-        del self._tasks[entry.seq]
-        self._arrived.pop(entry.seq, None)
+        """What the loop does next: hand out an entry's reply (the :class:`Entry` itself),
+        give up, wait, or end the epoch."""
+        tasks, ledger = self._tasks, self._ledger
+        if self.in_order:
+            seq = ledger.next_out
+            if self._handed_out_before:
+                while seq in self._handed_out_before:
+                    seq += 1
+                ledger.next_out = seq
+            entry = tasks.get(seq)
+            if entry is None or entry.reply is None:
+                return self._no_handout()
+            ledger.next_out = seq + 1
+        else:  # as they came (torch hands out in arrival order)
+            seq = next(iter(self._arrived), -1)
+            if seq < 0:
+                return self._no_handout()
+            del self._arrived[seq]
+            entry = tasks[seq]
+        del tasks[seq]
         record = self._workers[entry.worker_id]
         record.in_flight -= 1
-        if isinstance(entry.reply, IterationEnded) and record.active:
+        if type(entry.reply) is IterationEnded and record.active:
             record.active = False
             self._active -= 1
-        over_budget = (
-            self.skips.record_notes(entry.left_out, entry.seq, entry.indices)
-            if entry.left_out
-            else None
-        )
-        if over_budget is not None:
-            self._ledger.fatal = (entry.seq, over_budget)
-            return GiveUp(over_budget)
-        return Handout(entry)
+        if entry.left_out:
+            over_budget = self.skips.record_notes(entry.left_out, entry.seq, entry.indices)
+            if over_budget is not None:
+                ledger.fatal = (entry.seq, over_budget)
+                return GiveUp(over_budget)
+        return entry
+
+    def _no_handout(self) -> NextStep:
+        """Nothing to hand out now: give up, the epoch's end, or wait."""
+        fatal = self._ledger.fatal
+        if fatal is not None and not any(s < fatal[0] for s in self._tasks):
+            return GiveUp(fatal[1])
+        if not self._tasks and fatal is None:
+            return EPOCH_END
+        return WAIT
 
     def peek(self) -> Entry | None:
         """The entry :meth:`next_step` would hand out next, if its reply has come;
@@ -344,17 +372,3 @@ class TaskBook:
             return entry if entry is not None and entry.reply is not None else None
         first = next(iter(self._arrived), None)
         return None if first is None else self._tasks[first]
-
-    def _ready(self) -> Entry | None:
-        if self.in_order:
-            ledger = self._ledger
-            while self._handed_out_before and ledger.next_out in self._handed_out_before:
-                ledger.next_out += 1
-            entry = self._tasks.get(ledger.next_out)
-            if entry is None or entry.reply is None:
-                return None
-            ledger.next_out += 1
-            return entry
-        # As they came (torch hands out in arrival order).
-        seq = next(iter(self._arrived), None)
-        return None if seq is None else self._tasks[seq]

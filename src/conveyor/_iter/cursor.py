@@ -47,6 +47,7 @@ class SamplerCursor:
         self._stateful: bool | None = False
         self.drawn = 0  # outputs drawn this epoch: the next output's seq
         self.samples_drawn = 0  # samples in them: the next sample's position
+        self.last_first = 0  # the position of the last output's first sample
         self.rng_at_start: list[Any] = []
         self.global_at_start: str | None = None
         self._replay_global: str | None = None  # resumed: the first draw uses this
@@ -141,7 +142,7 @@ class SamplerCursor:
         seq = self.drawn
         if not self._taken:
             self._take_start()
-        self._samples_before[seq] = self.samples_drawn
+        self._samples_before[seq] = self.last_first = self.samples_drawn
         if self._replay_global is None:
             value = self._draw(seq)
         else:

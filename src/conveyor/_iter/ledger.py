@@ -11,11 +11,11 @@ book as facts (:mod:`.facts`). A task becomes a message in one place,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._task.fetch import batch_indices
-from .._task.protocol import Task, TaskReply, builder
+from .._task.protocol import RoomAhead, Task, TaskReply, builder
 
 if TYPE_CHECKING:
     from .skips import LeftOutNote
@@ -33,7 +33,9 @@ __all__ = [
 ]
 
 ITERABLE, BATCH, SINGLE = range(3)  # how a task's ``index`` holds dataset indices
-_new_task = builder(Task)  # once per batch: without the frozen __init__'s cost
+_new_task = builder(Task)
+_new = object.__new__
+_TASK_DEFAULTS = {f.name: f.default for f in fields(Task) if f.default is not MISSING}
 
 
 @dataclass(slots=True)
@@ -57,6 +59,8 @@ class Entry:
     verdict_first: bool = False
     reply: TaskReply | None = None
     origin: Any = None  # its batch as it came (a handle the loop opens or discards)
+    # It came another way, its worker's memory all in use: who holds it (see RunAhead).
+    room: RoomAhead | None = None
     left_out: list[LeftOutNote] = field(default_factory=list)
     cached_indices: tuple[Any, ...] | None = None
 
@@ -90,7 +94,9 @@ class Entry:
                 first_sample=self.first_sample + position,
                 places=self.places[position : position + 1],
             )
-        return _new_task(
+        task = _new(Task)  # once a batch: without the frozen __init__'s cost
+        task.__dict__.update(
+            _TASK_DEFAULTS,  # (a field added to Task later has its default)
             epoch=self.epoch,
             seq=self.seq,
             index=self.index,
@@ -101,6 +107,7 @@ class Entry:
             consecutive=self.consecutive,
             places=self.places,
         )
+        return task
 
 
 @dataclass(slots=True)

@@ -21,13 +21,10 @@ from .._task.compat import assert_never
 from .._task.dataset_state import WorkerState
 from .._task.protocol import (
     BatchDone,
-    Died,
     IterationEnded,
-    Ready,
-    StartupFailed,
     TaskFailed,
 )
-from .._workers.api import BatchHandle, PoolFactory, Received
+from .._workers.api import BatchHandle, PoolFactory
 from .._workers.interrupts import interrupts_deferred, note_interrupt
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
@@ -35,7 +32,7 @@ from ..observe.watch import Watch
 from ..records import LoaderStatistics
 from ..sampling._defaults import consecutive_batches
 from . import failures, messages
-from .book import FILED, SURVIVED, TaskBook
+from .book import TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
@@ -48,13 +45,14 @@ from .ownership import Ownership
 from .pin_ahead import PinAhead
 from .pinning import pin_batch, pin_thread_setup, pinning_enabled
 from .progress import Progress
+from .receive import Receiving
 from .state import ResumePoint
-from .steps import EpochEnd, GiveUp, Handout, Wait
+from .steps import EpochEnd, GiveUp, Wait
 from .supervisor import Supervisor
 from .tally import Tally
 
 
-class MultiprocessIterator(IteratorFace):
+class MultiprocessIterator(IteratorFace, Receiving):
     def __init__(
         self,
         config: LoaderConfig,
@@ -113,6 +111,8 @@ class MultiprocessIterator(IteratorFace):
         self._run_ahead = self._pool.abilities.run_ahead
         book, tally = self._book, self._tally
         self._supervisor = Supervisor(config, book, self._pool, tally, now, self._specs)
+        count = self._supervisor.count  # num_workers="auto": it decides after each batch
+        self._after_batch = count.after_batch if count is not None else None
         self._tally.pids = self._supervisor.pids
         self._deadlines = self._supervisor.deadlines
         self._streams = StreamCheck.wanted(config, self._history)  # iterable: do they shard?
@@ -128,10 +128,9 @@ class MultiprocessIterator(IteratorFace):
     def __next__(self) -> Any:
         if self.closed:
             raise StopIteration
-        began = time.monotonic()  # the training loop waits from here until the batch
+        asked = time.monotonic()  # the training loop waits from here until the batch
         try:
-            batch = self._next_batch()
-            self._tally.waited(began, time.monotonic())
+            batch = self._next_batch(asked)
             if self._pin_ahead is not None:
                 self._pin_next()
         except StopIteration:
@@ -150,8 +149,10 @@ class MultiprocessIterator(IteratorFace):
         except BaseException as error:
             self._abort(error)
             raise
-        warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
-        self._supervisor.after_batch()  # num_workers="auto" decides here
+        if self._history.iterable_len is not None:
+            warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
+        if self._after_batch is not None:
+            self._after_batch()
         if self._watch is not None:
             self._watch.batch(self.statistics)
         return batch
@@ -217,38 +218,40 @@ class MultiprocessIterator(IteratorFace):
         self.progress.start_from(start.mid if start is not None else None)
         at = start.position(self._config.num_workers) if start is not None else Position()
         abandoned = self._book.start_epoch(epoch, self._config.epoch_samples(), at)
-        self._tally.start_epoch(now=time.monotonic(), usage=self._pool.abilities.usage)
+        now = time.monotonic()
+        self._tally.start_epoch(now=now, usage=self._pool.abilities.usage)
         self._watch = Watch.of(self._config)
         self._deadlines.count_from(time.monotonic())
         decoded = self._pin_ahead.drop() if self._pin_ahead is not None else None
         for entry in abandoned:  # after a break: give back what came and was not handed out
             if entry.origin is not None and entry is not decoded:
                 entry.origin.discard()
-        self._top_up()
+        self._top_up(now)
 
-    def _top_up(self) -> None:
+    def _top_up(self, now: float) -> None:
         """Send tasks while the book wants them: at the start, as batches come (the
-        run-ahead) and as they are handed out."""
-        while self._book.wants_task() and self._dispatch():
-            pass
+        run-ahead) and as they are handed out (``now``: about when)."""
+        book = self._book
+        wanted = book.tasks_wanted()
+        while wanted > 0 and (worker_id := book.next_worker()) is not None:
+            if not self._dispatch(worker_id, now):
+                return
+            wanted -= 1
 
-    def _dispatch(self) -> bool:
-        """Send the sampler's next batch to the next worker; False if none was sent."""
-        worker_id = self._book.next_worker()
-        if worker_id is None:
-            return False
-        cursor = self._cursor
+    def _dispatch(self, worker_id: int, now: float) -> bool:
+        """Send the sampler's next batch to ``worker_id``; False if the sampler ended."""
+        cursor, book = self._cursor, self._book
         task = None
         while task is None:  # None: handed out before the state was taken
             index = cursor.next()
             if index is END:
-                self._book.sampler_ended()
+                book.sampler_ended()
                 return False
-            task = self._book.add(
+            task = book.add(
                 worker_id,
                 index,
-                time.monotonic(),
-                first_sample=cursor.samples_before(cursor.drawn - 1),
+                now,
+                first_sample=cursor.last_first,
                 want_state=self._want_state,
                 consecutive=self._consecutive,
                 places=cursor.places(cursor.drawn - 1) if self._reseed_places else (),
@@ -256,31 +259,18 @@ class MultiprocessIterator(IteratorFace):
         self._pool.send(worker_id, task)
         return True
 
-    def _await_ready(self) -> None:
-        """Block until every worker has started (and reported its state). What keeps one
-        from starting is raised here; a failure of a worker that did start (heard of
-        before another worker's start, on a busy machine) comes at its place in the
-        order, after the batches before it."""
-        ledger = self._book.view
-        while ledger.starting():
-            self._receive()
-        if ledger.start_failed() and ledger.fatal is not None:
-            raise ledger.fatal
-
-    def _await_reports(self) -> None:
-        """``state_dict()`` needs each worker's state at the start of the epoch."""
-        while self.progress.unreported and not self.closed and self._book.view.fatal is None:
-            self._receive()
-
     # --- handing out --------------------------------------------------------------------
 
-    def _next_batch(self) -> Any:
-        self._deadlines.count_from(time.monotonic())  # timeout counts from the user's ask
+    def _next_batch(self, asked: float = -1.0) -> Any:
+        """The next batch, for the user who asked at ``asked`` (-1: the loop itself, as a
+        resumed epoch replays what was handed out since the state's snapshot)."""
+        self._deadlines.count_from(time.monotonic() if asked < 0 else asked)  # timeout
+        book = self._book  # counts from the user's ask
         while True:
-            step = self._book.next_step()
+            step = book.next_step()
             match step:
-                case Handout(entry=entry):
-                    batch = self._hand_out(entry)
+                case Entry():
+                    batch = self._hand_out(step, asked)
                     if batch is not _NOTHING:
                         return batch
                 case Wait():
@@ -292,15 +282,19 @@ class MultiprocessIterator(IteratorFace):
                 case _:
                     assert_never(step)
 
-    def _hand_out(self, entry: Entry) -> Any:
+    def _hand_out(self, entry: Entry, asked: float) -> Any:
         reply = entry.reply
-        self._top_up()  # one more task per task handed out, as torch does
+        # One more task per task handed out, as torch does.
+        self._top_up(asked if asked >= 0 else time.monotonic())
+        if type(reply) is BatchDone and reply.state is None and entry.origin is not None:
+            self.progress.handed_out(entry.seq, entry.worker_id, None)
+            return self._decode(entry, entry.origin, asked)
         self.progress.reply_handed_out(entry.seq, entry.worker_id, reply)
         match reply:
             case BatchDone(payload=None) | IterationEnded():
                 return _NOTHING  # every sample left out, or an iterator ended
             case BatchDone():
-                return self._decode(entry, entry.origin)
+                return self._decode(entry, entry.origin, asked)
             case TaskFailed():
                 pid = self._pid(entry.worker_id)
                 raise TaskError(failures.task_failed(reply, entry.worker_id, pid, entry.indices))
@@ -309,23 +303,26 @@ class MultiprocessIterator(IteratorFace):
             case _:
                 assert_never(reply)
 
-    def _decode(self, entry: Entry, handle: BatchHandle) -> Any:
+    def _decode(self, entry: Entry, handle: BatchHandle, asked: float) -> Any:
         # It came another way, its worker's memory all in use: say why if the user can help.
-        room = self._run_ahead(handle) if self._run_ahead is not None else None
-        if room is not None and room.full and self._book.ahead.held(room):
+        room = entry.room
+        if room is not None and self._book.ahead.held(room):
             why = messages.slots_held(entry.worker_id, room.held_in_worker)
             warnings.warn(why, BatchesHeldWarning, stacklevel=4)
         pinned, batch = self._pin_ahead.take(entry) if self._pin_ahead else (False, None)
-        tally, began = self._tally, time.monotonic()
+        began = time.monotonic()
         if not pinned:
-            batch = self._rebuild(entry, handle)
-        decoded = time.monotonic()
+            try:
+                batch = handle.open()
+            except Exception as exc:
+                raise self._undecodable(entry, exc) from None
+        decoded = ended = time.monotonic()
         if self._streams and (text := self._streams.batch(entry.worker_id, entry.reply, batch)):
             warnings.warn(text, DuplicateDataWarning, stacklevel=4)
         if not pinned and self._pin is not None:
             batch = self._pin(batch)
-        pin_s = tally.main_work("pin", decoded, time.monotonic()) if self._pin else 0.0
-        tally.delivered_from(entry, batch, tally.main_work("decode", began, decoded), pin_s)
+            ended = time.monotonic()
+        self._tally.handed_out(entry, batch, (asked, began, decoded, ended), self._pin is not None)
         return batch
 
     def _pin_next(self) -> None:
@@ -341,58 +338,15 @@ class MultiprocessIterator(IteratorFace):
         try:
             return handle.open()
         except Exception as exc:
-            pid, epoch = self._pid(entry.worker_id), self._book.epoch
-            error = failures.undecodable(exc, entry.worker_id, pid, entry.indices, epoch, entry.seq)
-            raise TaskError(error) from None
+            raise self._undecodable(entry, exc) from None
+
+    def _undecodable(self, entry: Entry, exc: Exception) -> TaskError:
+        pid, epoch = self._pid(entry.worker_id), self._book.epoch
+        error = failures.undecodable(exc, entry.worker_id, pid, entry.indices, epoch, entry.seq)
+        return TaskError(error)
 
     def _pid(self, worker_id: int) -> int | None:
         return self._supervisor.pids()[worker_id]
-
-    # --- waiting --------------------------------------------------------------------------
-
-    def _receive(self) -> None:
-        """Block until a worker answers or dies, or a deadline passes; act on what came."""
-        events = self._pool.wait(self._supervisor.wake_in())
-        if not events:
-            self._supervisor.check()
-            return
-        for event in events:
-            match event:
-                case Received(worker_id=worker_id, message=message, batch=batch):
-                    self._on_message(worker_id, message, batch)
-                case Died():
-                    self._supervisor.on_death(event)
-                case _:
-                    assert_never(event)
-
-    def _on_message(self, worker_id: int, message: Any, batch: BatchHandle | None) -> None:
-        match message:
-            case Ready(state=state):
-                self._book.on_ready(worker_id)
-                self.progress.began(worker_id, state)
-            case StartupFailed():
-                pid, remote = self._pid(worker_id), not self._config.kind.local
-                error = failures.startup_failed(worker_id, message, pid, remote=remote)
-                self._book.on_startup_failed(worker_id, error)
-            case BatchDone() | TaskFailed() | IterationEnded():
-                if message.epoch_state is not None:  # the first of the epoch
-                    self.progress.began(worker_id, message.epoch_state)
-                ahead = self._run_ahead
-                room = ahead(batch) if ahead is not None and batch is not None else None
-                filed = self._book.on_reply(worker_id, message, batch, time.monotonic(), room)
-                if filed == FILED and type(message) is BatchDone:
-                    self._tally.worked(worker_id, message, batch)
-                if filed != FILED:
-                    # A batch of an epoch the user abandoned, or a suspect's verdict:
-                    # just free its slot.
-                    if batch is not None:
-                        batch.discard()
-                    if filed == SURVIVED:
-                        self._supervisor.judge.survived(message.seq)
-                    return
-                self._top_up()  # a worker may have room again (run-ahead)
-            case _:
-                assert_never(message)
 
 
 _NOTHING = object()  # a handed-out task with no batch to give the user

@@ -140,7 +140,8 @@ class Progress:
             while beyond and self.prefix in beyond:
                 beyond.discard(self.prefix)
                 self.prefix += 1
-            self.cursor.forget_before(self._kept_from())
+            snap = self._snapshot  # saved sampler states before it are not needed
+            self.cursor.forget_before(self.prefix if snap is None else snap.prefix)
         else:
             self.beyond.add(seq)
         if self.per_worker and self._every and self.yielded % self._every == 0:
@@ -182,10 +183,6 @@ class Progress:
             last_worker=self.last_worker,
             beyond=tuple(sorted(self.beyond)),
         )
-
-    def _kept_from(self) -> int:
-        """Saved sampler states before this position are no longer needed."""
-        return self._snapshot.prefix if self._snapshot is not None else self.prefix
 
     # --- the state ---------------------------------------------------------------------
 

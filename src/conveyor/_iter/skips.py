@@ -74,7 +74,7 @@ class SkipLedger:
         self.epoch = 0
         self._epoch_start = len(records)
         self._budget: int | None = None
-        self._poison = {s.index for s in records if s.stage == "crash"}
+        self.poison = {s.index for s in records if s.stage == "crash"}  # they kill workers
 
     def start_epoch(self, epoch: int, epoch_samples: int | None) -> None:
         self.epoch = epoch
@@ -102,18 +102,18 @@ class SkipLedger:
 
     @property
     def has_poison(self) -> bool:
-        return bool(self._poison)
+        return bool(self.poison)
 
     def mark_poison(self, indices: tuple[Any, ...]) -> None:
         """Samples found to kill workers: left out of every later task, at once."""
-        self._poison.update(indices)
+        self.poison.update(indices)
 
     def left_out_up_front(
         self, indices: tuple[Any, ...], worker_id: int
     ) -> tuple[tuple[Any, ...], list[LeftOutNote]]:
         """Of a new task's samples, those that killed their worker in an earlier epoch:
         left out without trying again, and recorded again for this epoch."""
-        exclude = tuple(i for i in indices if i in self._poison)
+        exclude = tuple(i for i in indices if i in self.poison)
         return exclude, crash_notes(exclude, worker_id, "crash", messages.LEFT_OUT_AGAIN)
 
     @property

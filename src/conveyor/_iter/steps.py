@@ -1,5 +1,7 @@
 """What the task book answers the loop (:class:`NextStep`): values matched exhaustively
-by the loop."""
+by the loop. A reply to hand out is its ledger :class:`~.ledger.Entry` itself (one a
+batch: no wrapper made for it); waiting and the epoch's end are the singletons
+:data:`WAIT` and :data:`EPOCH_END`."""
 
 from __future__ import annotations
 
@@ -7,14 +9,7 @@ from dataclasses import dataclass
 
 from .ledger import Entry
 
-__all__ = ["EpochEnd", "GiveUp", "Handout", "NextStep", "Wait"]
-
-
-@dataclass(frozen=True)
-class Handout:
-    """The next task's reply for the user: a batch, its error, or nothing (emptied)."""
-
-    entry: Entry
+__all__ = ["EPOCH_END", "WAIT", "EpochEnd", "GiveUp", "NextStep", "Wait"]
 
 
 @dataclass(frozen=True)
@@ -32,4 +27,7 @@ class EpochEnd:
     pass
 
 
-NextStep = Handout | GiveUp | Wait | EpochEnd
+WAIT, EPOCH_END = Wait(), EpochEnd()
+
+# An Entry: hand its reply out (a batch, its error, or nothing: every sample left out).
+NextStep = Entry | GiveUp | Wait | EpochEnd

@@ -134,6 +134,33 @@ class Tally:
         else:
             self.delivered(entry.worker_id, batch_size_of(batch), decode_s, pin_s)
 
+    def handed_out(
+        self, entry: Entry, batch: Any, times: tuple[float, float, float, float], pin: bool
+    ) -> None:
+        """The batch of ``entry``'s task reached the user, the one call a batch: asked for
+        at ``times[0]`` (below 0: not by the user, a resumed epoch's replay), rebuilt from
+        ``times[1]`` to ``times[2]``, then (``pin``) pinned until ``times[3]``."""
+        asked, began, decoded, ended = times
+        reply = entry.reply
+        if entry.shape == BATCH and not entry.exclude and not entry.left_out and not reply.skipped:  # type: ignore[union-attr]
+            samples = len(entry.index)  # (see delivered_from)
+        else:
+            samples = batch_size_of(batch)
+        self.batches += 1
+        self.samples += samples
+        worker = self._workers[entry.worker_id]
+        worker.batches += 1
+        worker.samples += samples
+        waited = ended - asked if asked >= 0 else 0.0
+        self.clock.handed_out(samples, decoded - began, ended - decoded, waited)
+        tracer = self._history.tracer if self._history is not None else None
+        if tracer is not None:
+            tracer.main_span("decode", began, decoded - began)
+            if pin:
+                tracer.main_span("pin", decoded, ended - decoded)
+            if asked >= 0:
+                tracer.main_span("wait", asked, waited)
+
     def restarted(self, worker_id: int, retried: int, process: bool = True) -> None:
         """Worker ``worker_id`` was restarted, ``retried`` of its tasks re-sent.
         ``process``: its death is the death of its process (one per process: the cores

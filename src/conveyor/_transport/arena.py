@@ -20,19 +20,31 @@ when told (``SlotPayload.retired``).
 from __future__ import annotations
 
 import collections
-import ctypes
 import errno
 import mmap
 import os
-import resource
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import SharedMemoryExhaustedError
+from .memfd import PAGE, address_space_limited, map_range, punch_hole, round_up
 
-PAGE = mmap.PAGESIZE
+__all__ = [
+    "ARENA_PREFIX",
+    "MIN_SLOT_BYTES",
+    "PAGE",
+    "SETUP_NAME",
+    "MainArena",
+    "SlotInfo",
+    "WorkerArena",
+    "create_arena_fd",
+    "map_status_page",
+    "round_up",
+]
+
 _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 _RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
@@ -50,10 +62,6 @@ def create_arena_fd(worker_id: int) -> int:
 
 def map_status_page(fd: int) -> memoryview:
     return memoryview(mmap.mmap(fd, PAGE, mmap.MAP_SHARED, offset=0))
-
-
-def round_up(n: int, to: int = PAGE) -> int:
-    return (n + to - 1) // to * to
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ class WorkerArena:
         self.status_page = map_status_page(fd)
         self._end = PAGE  # bytes of the memfd in use: the status page, then slots
         self._slots: dict[int, SlotInfo] = {}
-        self._maps: dict[int, np.ndarray] = {}
+        self.maps: dict[int, np.ndarray] = {}
         self._addresses: dict[int, int] = {}  # where each slot is mapped here
         self._reserved: dict[int, int] = {}  # bytes of each slot whose pages are reserved
         self._free: set[int] = set()
@@ -87,6 +95,11 @@ class WorkerArena:
         self._asked: collections.deque[int] = collections.deque(maxlen=_RECENT)  # sizes
         self._retired: list[int] = []  # slots given up since the main process was told
         self._next_check = 0  # acquisitions until oversized slots are looked for again
+        # Before a slot is added: applies the releases the main process has sent and
+        # this worker has not read yet; True if it freed any (see _workers/inbox.py).
+        # Slots freed early (the main process sends the large ones as soon as their
+        # batches are garbage) are then reused instead of growing another.
+        self.reclaim: Callable[[], bool] | None = None
 
     def release(self, slot_ids: tuple[int, ...]) -> None:
         """The main process no longer uses these slots."""
@@ -125,11 +138,9 @@ class WorkerArena:
         self._collect_worker_releases()
         self._asked.append(nbytes)
         self._retire_oversized()
-        best: SlotInfo | None = None
-        for slot_id in self._free:
-            slot = self._slots[slot_id]
-            if slot.size >= nbytes and (best is None or slot.size < best.size):
-                best = slot
+        best = self._smallest_free(nbytes)
+        if best is None and self.reclaim is not None and self.reclaim():
+            best = self._smallest_free(nbytes)  # freed by frames already sent: no growing
         if best is None:
             size = _slot_size(nbytes)
             budgeted = self._room_for(size)
@@ -150,11 +161,19 @@ class WorkerArena:
         # A lease-private base: every array collate makes in the slot is a view of
         # it (NumPy collapses view chains to it, since its own base is a memoryview),
         # so it dies exactly when the worker's last such array does.
-        base = np.frombuffer(memoryview(self._maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
+        base = np.frombuffer(memoryview(self.maps[best.slot_id]), dtype=np.uint8)  # type: ignore[arg-type, unused-ignore]
         slot_id, done = best.slot_id, self._worker_done
         # A plain weak reference with a callback: far cheaper per batch than finalize.
         self._watch[slot_id] = weakref.ref(base, lambda _: done.append(slot_id))
         return best, base
+
+    def _smallest_free(self, nbytes: int) -> SlotInfo | None:
+        best: SlotInfo | None = None
+        for slot_id in self._free:
+            slot = self._slots[slot_id]
+            if slot.size >= nbytes and (best is None or slot.size < best.size):
+                best = slot
+        return best
 
     def reserve(self, slot_id: int, nbytes: int) -> None:
         """Make sure the first ``nbytes`` of a slot have their pages (a batch writes
@@ -205,6 +224,27 @@ class WorkerArena:
         """Shared memory this worker's slots hold now."""
         return sum(slot.size for slot in self._slots.values())
 
+    def idle_bytes(self) -> int:
+        """Pages free slots keep (for the next batches to reuse) in slots large enough
+        to be worth giving back (see :meth:`drop_idle_pages`)."""
+        reserved, held = self._reserved, 0
+        for slot_id in self._free:
+            if reserved[slot_id] >= _OVERSIZED_MIN_BYTES:
+                held += reserved[slot_id]
+        return held
+
+    def drop_idle_pages(self) -> None:
+        """The worker has waited a while with no task: its free slots' pages go back to
+        the system (slots and maps stay; a batch reserves the pages again as it writes,
+        as a fresh one would). A batch that reuses a slot costs no page faults, but a
+        loop that keeps its workers waiting should not also keep their memory."""
+        self._collect_worker_releases()
+        for slot_id in self._free:
+            if self._reserved[slot_id] >= _OVERSIZED_MIN_BYTES:
+                slot = self._slots[slot_id]
+                punch_hole(self._fd, slot.offset, slot.size)
+                self._reserved[slot_id] = 0
+
     def trim(self) -> None:
         """Give back oversized free slots now (slots came back while the worker had
         nothing to collate: run far ahead, the last batches of an epoch)."""
@@ -229,11 +269,11 @@ class WorkerArena:
         slot = self._slots.pop(slot_id)
         self._free.discard(slot_id)
         self._budgeted.discard(slot_id)
-        self._maps.pop(slot_id, None)  # free: no array of this worker uses the map
+        self.maps.pop(slot_id, None)  # free: no array of this worker uses the map
         self._addresses.pop(slot_id, None)
         self._watch.pop(slot_id, None)
         self._reserved.pop(slot_id, None)
-        _punch_hole(self._fd, slot.offset, slot.size)
+        punch_hole(self._fd, slot.offset, slot.size)
         self._retired.append(slot_id)
 
     def _grow(self, nbytes: int) -> SlotInfo:
@@ -253,7 +293,7 @@ class WorkerArena:
             raise
         slot = SlotInfo(self._next_id, offset, size)
         try:
-            view = _map(self._fd, slot, "this worker")
+            view = map_range(self._fd, slot.offset, slot.size, "this worker")
         except BaseException:
             os.ftruncate(self._fd, offset)
             raise
@@ -261,7 +301,7 @@ class WorkerArena:
         self._next_id += 1
         self._slots[slot.slot_id] = slot
         self._reserved[slot.slot_id] = reserved
-        self._maps[slot.slot_id] = view
+        self.maps[slot.slot_id] = view
         self._addresses[slot.slot_id] = view.ctypes.data
         return slot
 
@@ -277,27 +317,28 @@ class MainArena:
     def __init__(self, fd: int, keep_maps: bool | None = None) -> None:
         self.fd = fd
         self.status_page = map_status_page(fd)
-        self._maps: dict[int, np.ndarray] = {}
-        self._keep_maps = not address_space_limited() if keep_maps is None else keep_maps
+        self.maps: dict[int, np.ndarray] = {}  # slot id -> its map here
+        self.keep_maps = not address_space_limited() if keep_maps is None else keep_maps
 
     def view(self, slot: SlotInfo) -> np.ndarray:
-        view = self._maps.get(slot.slot_id)
+        view = self.maps.get(slot.slot_id)
         if view is None:
             if self.fd < 0:  # mmap(-1) would silently map fresh zeroed memory
                 raise RuntimeError(f"slot {slot.slot_id} was not mapped before its arena closed")
-            view = self._maps[slot.slot_id] = _map(self.fd, slot, "the main process")
+            view = map_range(self.fd, slot.offset, slot.size, "the main process")
+            self.maps[slot.slot_id] = view
         return view
 
     def forget_retired(self, slot_ids: tuple[int, ...]) -> None:
         """The worker gave these slots up: their maps go (batches alive keep theirs)."""
         for slot_id in slot_ids:
-            self._maps.pop(slot_id, None)
+            self.maps.pop(slot_id, None)
 
     def forget(self, slot_id: int) -> None:
         """The batch over a slot is gone: unless maps are kept, the slot is unmapped
         once nothing else uses its map."""
-        if not self._keep_maps:
-            self._maps.pop(slot_id, None)
+        if not self.keep_maps:
+            self.maps.pop(slot_id, None)
 
     def map_all(self, slots: list[SlotInfo]) -> None:
         """Map these slots now, so they stay readable after the fd is closed."""
@@ -306,7 +347,7 @@ class MainArena:
 
     def drop_maps(self) -> None:
         """Forget our maps (the pool is closed): batches still alive keep their own."""
-        self._maps.clear()
+        self.maps.clear()
         self.status_page = memoryview(bytes(PAGE))
 
     def close(self) -> None:
@@ -320,78 +361,3 @@ class MainArena:
 def _slot_size(nbytes: int) -> int:
     """A new slot's size for a batch of ``nbytes``: a quarter more, for batches that vary."""
     return round_up(max(nbytes + nbytes // 4, MIN_SLOT_BYTES))
-
-
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-
-
-def _punch_hole(fd: int, offset: int, size: int) -> None:
-    """Free the pages of a memfd range (the file keeps its size; the range reads zeros)."""
-    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
-    if libc.fallocate(fd, mode, offset, size) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"giving back {size} bytes of shared memory: {os.strerror(error)}")
-
-
-def address_space_limited() -> bool:
-    """Whether this process runs under an address-space limit (``ulimit -v``)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return soft != resource.RLIM_INFINITY
-
-
-def _address_space_error(size: int, where: str, exc: OSError) -> SharedMemoryExhaustedError:
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
-        limit = "The address space is not limited (ulimit -v unlimited), so the kernel refused"
-    else:
-        limit = (
-            f"The address space of each process is limited to {soft / 2**20:,.0f} MiB "
-            f"(ulimit -v) and {_address_space_used() / 2**20:,.0f} MiB of it is in use"
-        )
-    return SharedMemoryExhaustedError(
-        f"Could not map {size / 2**20:.1f} MiB of shared memory for a batch in {where}: "
-        f"{exc.strerror}. {limit}. Fix: raise the limit (ulimit -v), or lower batch_size, "
-        "prefetch_factor or num_workers, or keep fewer batches alive at once."
-    )
-
-
-def _address_space_used() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _map(fd: int, slot: SlotInfo, where: str) -> np.ndarray:
-    """Map a slot without keeping a descriptor for it.
-
-    ``mmap.mmap`` keeps a duplicate of the fd for each map (before Python 3.13's
-    ``trackfd``): with 96 workers and many held batches that ran into ``ulimit -n``
-    mid-epoch. The mapping is made with libc instead and unmapped when the last
-    array over it is garbage collected.
-    """
-    address = libc.mmap(
-        None, slot.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, slot.offset
-    )
-    if address is None or address == _MAP_FAILED:
-        error = ctypes.get_errno()
-        exc = OSError(error, os.strerror(error))
-        if error == errno.ENOMEM:
-            raise _address_space_error(slot.size, where, exc)
-        raise OSError(error, f"mapping {slot.size} bytes of shared memory: {os.strerror(error)}")
-    region = (ctypes.c_uint8 * slot.size).from_address(address)
-    weakref.finalize(region, libc.munmap, address, slot.size).atexit = False
-    return np.frombuffer(memoryview(region).cast("B"), dtype=np.uint8)
-
-
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [
-    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
-]  # fmt: skip
-libc.fallocate.restype = ctypes.c_int
-libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-libc.munmap.restype = ctypes.c_int
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value

@@ -13,6 +13,7 @@ whole through the pipe instead: slower, never stuck.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import sys
 import weakref
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._task.protocol import builder
 from ..collate import OUTPUT_ALLOCATOR
 from .arena import MainArena, SlotInfo, WorkerArena
 from .lease import SlotLease, align
@@ -47,6 +49,7 @@ class InlinePayload:
 
 
 Payload = SlotPayload | InlinePayload
+_slot_payload = builder(SlotPayload)  # once a batch: without the frozen __init__'s cost
 
 
 class Encoder:
@@ -162,7 +165,8 @@ class Encoder:
         if layout is None:
             return None
         self._remember_size(lease.used)
-        return SlotPayload(lease.slot, meta, layout, self.arena.take_retired(), True)
+        retired = self.arena.take_retired()
+        return _slot_payload(slot=lease.slot, meta=meta, layout=layout, retired=retired, plain=True)
 
     def _remember_size(self, used: int) -> None:
         self._size_hint, self._last_used = min(used, self._last_used or used), used
@@ -227,14 +231,17 @@ def _plain_arrays(batch: Any) -> list[np.ndarray] | None:
         flags = a.flags
         if not (flags.c_contiguous and flags.writeable):
             return None
-    if len({id(a) for a in arrays}) != len(arrays):
+    if len(set(map(id, arrays))) != len(arrays):
         return None
     return arrays
 
 
 def _structure(batch: Any, arrays: list[np.ndarray]) -> tuple[Any, ...]:
-    keys = tuple(batch) if type(batch) is dict else len(batch)
-    return (type(batch), keys, *((a.dtype.str, a.shape) for a in arrays))
+    key = [type(batch), tuple(batch) if type(batch) is dict else len(batch)]
+    for a in arrays:  # (a loop, not a generator: once a batch)
+        key.append(a.dtype.str)
+        key.append(a.shape)
+    return tuple(key)
 
 
 def _packed_size(raws: list[memoryview]) -> int:
@@ -249,6 +256,7 @@ class _Plan:
     kind: type
     keys: tuple[str, ...] | None  # a dict's, in order
     leaves: tuple[tuple[np.dtype[Any], tuple[int, ...], bool], ...]
+    from_numpy: Any = None  # torch's, for the tensor leaves (only where torch is loaded)
 
     @staticmethod
     def of(batch: Any, buffers: list[np.ndarray]) -> _Plan | None:
@@ -276,14 +284,13 @@ class _Plan:
             ):
                 return None
             leaves.append((array.dtype, array.shape, is_tensor))
-        return _Plan(kind, keys, tuple(leaves))
+        return _Plan(kind, keys, tuple(leaves), torch.from_numpy if torch is not None else None)
 
     def build(self, base: np.ndarray, layout: tuple[tuple[int, int], ...]) -> Any:
-        ndarray, leaves = np.ndarray, []
-        from_numpy = sys.modules["torch"].from_numpy if "torch" in sys.modules else None
+        ndarray, leaves, from_numpy = np.ndarray, [], self.from_numpy
         for (dtype, shape, is_tensor), (offset, _) in zip(self.leaves, layout, strict=True):
             leaf: np.ndarray = ndarray(shape, dtype, base, offset)
-            leaves.append(from_numpy(leaf) if is_tensor and from_numpy else leaf)
+            leaves.append(from_numpy(leaf) if is_tensor else leaf)
         if self.keys is not None:
             return dict(zip(self.keys, leaves, strict=True))
         return leaves if self.kind is list else tuple(leaves)
@@ -307,18 +314,23 @@ class Decoder:
         """Decoded batches over slots whose arrays are still alive."""
         return len(self._watch)
 
-    def _on_release(self, slot_id: int) -> None:
+    def _on_release(self, slot_id: int, _: Any = None) -> None:
+        """The batch over ``slot_id`` is garbage (or was never handed out)."""
         self._watch.pop(slot_id, None)
-        self.arena.forget(slot_id)
+        if not self.arena.keep_maps:
+            self.arena.forget(slot_id)
         self._give_back(slot_id)
 
     def decode(self, payload: Payload) -> Any:
-        if isinstance(payload, InlinePayload):
-            return pickle.loads(payload.data)
+        """The batch of ``payload``."""
+        if type(payload) is not SlotPayload:
+            return pickle.loads(payload.data)  # type: ignore[union-attr]
         if payload.retired:
             self.arena.forget_retired(payload.retired)
         slot_id = payload.slot.slot_id
-        region = self.arena.view(payload.slot)
+        region = self.arena.maps.get(slot_id)  # mapped on receipt (see WorkerPool)
+        if region is None:
+            region = self.arena.view(payload.slot)
         # A batch-private base array: every array of the batch is a view of it
         # (NumPy collapses view chains down to it, no further, because its own
         # base is a memoryview), so it dies exactly when the last one does.
@@ -340,8 +352,7 @@ class Decoder:
                     self._plans.clear()
                 self._plans[payload.meta] = _Plan.of(batch, buffers)
             del buffers
-        release = self._on_release
-        self._watch[slot_id] = weakref.ref(base, lambda _: release(slot_id))
+        self._watch[slot_id] = weakref.ref(base, functools.partial(self._on_release, slot_id))
         return batch
 
     def discard(self, payload: Payload) -> None:

@@ -18,7 +18,8 @@ import contextlib
 import mmap
 import os
 
-from .arena import ARENA_PREFIX, SETUP_NAME, libc
+from .arena import ARENA_PREFIX, SETUP_NAME
+from .memfd import libc
 
 _DEV_NULL = "/dev/null"
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)

@@ -38,6 +38,7 @@ from .._task.protocol import (
     Task,
     TaskFailed,
     TaskReply,
+    builder,
 )
 from .._task.runner import (
     Abandoned,
@@ -64,6 +65,7 @@ __all__ = ["STOP", "WorkerCore", "sent"]
 
 
 STOP = object()  # what handle() returns for a Stop: the core is done
+_batch_done = builder(BatchDone)  # once a batch: without the frozen __init__'s cost
 
 
 class WorkerCore:
@@ -293,12 +295,12 @@ class WorkerCore:
                 )
             else:
                 done = time.monotonic()
-                return BatchDone(
-                    task.epoch,
-                    task.seq,
-                    payload,
-                    sent(outcome.left_out),
-                    done - started,
+                return _batch_done(
+                    epoch=task.epoch,
+                    seq=task.seq,
+                    payload=payload,
+                    skipped=sent(outcome.left_out) if outcome.left_out else (),
+                    busy_s=done - started,
                     started=started,
                     fetch_s=runner.fetch_s,
                     collate_s=runner.collate_s,

@@ -18,6 +18,11 @@ from typing import Any
 from .._transport.arena import WorkerArena
 from .wire import FrameReader
 
+# Seconds a worker waits for its next task before its free slots' pages go back: far
+# longer than a loop that keeps it busy leaves it waiting, far shorter than a training
+# step that keeps it idle.
+IDLE_S = 0.05
+
 
 class Inbox:
     def __init__(self, fd: int, arena: WorkerArena) -> None:
@@ -28,16 +33,27 @@ class Inbox:
         self._freed = 0  # slot ids freed so far
 
     def recv(self) -> Any:
-        """The next message; blocks. EOFError once the main process is gone."""
+        """The next message; blocks. EOFError once the main process is gone.
+
+        A worker that waits for its next task more than IDLE_S with free slots holding
+        pages gives those pages back first (see WorkerArena.drop_idle_pages)."""
         if self._ahead:
             return self._ahead.popleft()
+        if (
+            self._arena.idle_bytes()
+            and not self._reader.holds_frame
+            and not select.select([self._fd], [], [], IDLE_S)[0]
+        ):
+            self._arena.drop_idle_pages()
         return self._reader.recv()
 
     def reclaim(self) -> bool:
-        """Read every frame already sent; True if they freed any slot."""
+        """Read every frame already sent (those read and not parsed first: no system
+        call if they free a slot); True if they freed any slot."""
         freed = self._freed
-        readable, _, _ = select.select([self._fd], [], [], 0)
-        self._ahead.extend(self._reader.read() if readable else self._reader.buffered())
+        self._ahead.extend(self._reader.buffered())
+        if self._freed == freed and select.select([self._fd], [], [], 0)[0]:
+            self._ahead.extend(self._reader.read())
         return self._freed > freed
 
     def _released(self, slot_ids: tuple[int, ...], alone: bool) -> None:

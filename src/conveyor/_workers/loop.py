@@ -164,6 +164,7 @@ class _CoreShell:
         """Start the core and serve until told to stop (in this thread)."""
         self.status.thread(threading.get_ident(), threading.get_native_id())
         inbox = Inbox(self.ends.tasks.fileno(), self.arena)
+        self.arena.reclaim = inbox.reclaim  # before a slot is added (see WorkerArena)
         encoder = Encoder(self.arena, reclaim=inbox.reclaim)
         core = WorkerCore(self.ends.spec, objects, encoder, self.status, owns_process=owns_process)
         try:

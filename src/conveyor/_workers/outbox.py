@@ -35,21 +35,22 @@ class Outbox:
         """
         self.write(wire.encode(message))
 
-    def write(self, frame: bytes) -> None:
-        """Queue a frame (see wire.py) and write what the pipe takes now."""
-        data = memoryview(frame)
+    def write(self, frame: bytes) -> bool:
+        """Queue a frame (see wire.py) and write what the pipe takes now; True if it all
+        went (False: bytes wait here for room)."""
         if self._queue:
             # Written as soon as the pipe has room (a worker short of slots reads ahead
             # for the slots a frame frees: they must not wait here).
-            self._queue.append(data)
-            self.flush()
-            return
+            self._queue.append(memoryview(frame))
+            return self.flush()
         try:
-            written = os.write(self.fd, data)
+            written = os.write(self.fd, frame)
         except BlockingIOError:
             written = 0
-        if written < data.nbytes:
-            self._queue.append(data[written:])
+        if written < len(frame):
+            self._queue.append(memoryview(frame)[written:])
+            return False
+        return True
 
     def flush(self) -> bool:
         """Write queued bytes until the pipe is full; True when nothing is left."""

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,14 +27,16 @@ from .._task.protocol import (
     Stop,
     Task,
     TaskFailed,
+    builder,
 )
 from .._transport.budget import SlotBudget
-from .._transport.codec import PayloadHandle
+from .._transport.codec import PayloadHandle, SlotPayload
 from . import wire
 from .api import Abilities, PoolEvent, Received
 from .interrupts import interrupts_deferred
 from .process import Host, Worker, WorkerHandle, release, start_worker
 from .readings import Readings, RoomsAhead
+from .selector import PoolSelector
 from .spec import UserObjects, WorkerSpec
 from .stacks import blame_cores, crashed_core
 from .start import modules_to_preload
@@ -45,14 +45,20 @@ from .status import read_status
 from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants, stop_for_good
 from .user_objects import serialize_once
 
-_RESULT, _DEATH, _TASK = "result", "death", "task"  # what a selector key watches
+_RESULT, _DEATH = "result", "death"  # what a watched descriptor is
 # Slots freed go to their worker with its next task; this many pending at once (a
 # discarded epoch) go in a frame of their own, as do any for a worker with no task left
 # to answer: one that ran ahead to the end of its epoch gets no task to carry them, and
-# would keep an outlier's slot until the next epoch. Looked at as tasks are sent, as the
-# pool waits and as each batch is handed out.
+# would keep an outlier's slot until the next epoch. Looked at as the pool waits and as
+# each batch is handed out.
 RELEASE_ALONE = 4
+# Freed slots this large go at once, alone, as the next batch is handed out or the pool
+# waits: the worker fills its next batch into one of them instead of adding a slot (its
+# next task, which would carry them, goes only once its last batch is handed out, and the
+# worker has started another by then: see docs/design.md, "Memory").
+RELEASE_EARLY_BYTES = 1 << 20
 _ANSWERS = (BatchDone, IterationEnded, TaskFailed)  # a task's last message
+_received = builder(Received)  # once a batch: without the frozen __init__'s cost
 
 
 class WorkerPool(Readings):
@@ -92,9 +98,7 @@ class WorkerPool(Readings):
         self._each_start = False  # they must be pickled with each worker's start instead
         self._loading: set[int] = {spec.worker_id for spec in specs}
         self._preload = modules_to_preload(user.dataset, user.collate_fn, user.worker_init_fn)
-        self._writing: set[int] = set()  # task pipes registered for writability
-        # One selector for the pool's life: building one per wait costs more than the wait.
-        self._selector = selectors.DefaultSelector()
+        self._selector = PoolSelector()  # result pipes, sentinels, task pipes with bytes queued
         try:
             for first in range(0, len(specs), self._cores):
                 self._start(specs[first : first + self._cores])
@@ -129,17 +133,15 @@ class WorkerPool(Readings):
                     self._workers[worker.worker_id] = worker  # a replacement
                 else:
                     self._workers.append(worker)
-                self._selector.register(worker.results, selectors.EVENT_READ, (_RESULT, worker))
+                self._selector.watch(worker.reader.fd, _RESULT, worker)
             host = cores[0].host
-            self._selector.register(host.process.sentinel, selectors.EVENT_READ, (_DEATH, host))
+            self._selector.watch(host.process.sentinel, _DEATH, host)
 
     def _unwatch(self, worker: Worker) -> None:
         """Stop watching a core's pipes and its process's sentinel (before they are
         closed)."""
-        for obj in (worker.results, worker.process.sentinel, worker.outbox.fd):
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self._selector.unregister(obj)
-        self._writing.discard(worker.outbox.fd)
+        for fd in (worker.reader.fd, worker.process.sentinel, worker.outbox.fd):
+            self._selector.unwatch(fd)
 
     @property
     def num_workers(self) -> int:
@@ -160,111 +162,95 @@ class WorkerPool(Readings):
         lost: the caller re-sends what a dead worker had not answered."""
         worker = self._workers[worker_id]
         if type(message) is Task:
-            released = worker.take_releases() if worker.pending_releases else ()
-            self._write(worker, wire.encode_task(message, released))
+            pending = worker.pending_releases
+            released: tuple[int, ...] = ()
+            if pending:  # (appended to by finalizers, which run anywhere: copy, then cut)
+                released = tuple(pending)
+                del pending[: len(released)]
+            frame = wire.encode_task(message, released)
+            try:
+                if not worker.outbox.write(frame):  # never blocks (see _write)
+                    self._selector.want_room(worker.outbox.fd, worker)
+            except (BrokenPipeError, ConnectionResetError):
+                worker.outbox.clear()  # it died: its sentinel says so
             worker.unanswered += 1
-            self._release_alone()
             return
         assert not isinstance(message, Task)
         self._specs[worker_id] = self._specs[worker_id].keeping(message)
         self._write(worker, wire.encode(message))
 
     def _release_alone(self) -> None:
-        """Slots freed that no task is carrying (see RELEASE_ALONE): to their workers
-        now, in a frame of their own."""
-        for worker in self._serving():
+        """Slots freed that no task is carrying (see RELEASE_ALONE and
+        RELEASE_EARLY_BYTES): to their workers now, in a frame of their own. Looked at as
+        the pool waits and as each batch is handed out."""
+        for worker in self._serving_now or self._serving():
             pending = len(worker.pending_releases)
-            if pending >= RELEASE_ALONE or (pending and not worker.unanswered):
+            if pending and (
+                pending >= RELEASE_ALONE
+                or not worker.unanswered
+                or worker.slot_bytes >= RELEASE_EARLY_BYTES
+            ):
                 self._write(worker, wire.encode_released(worker.take_releases()))
 
-    @staticmethod
-    def _write(worker: Worker, frame: bytes) -> None:
+    def _write(self, worker: Worker, frame: bytes) -> None:
+        """Never blocks (see outbox.py): what the pipe has no room for now waits, and the
+        selector watches for room."""
         try:
-            worker.outbox.write(frame)  # never blocks: see outbox.py
+            if not worker.outbox.write(frame):
+                self._selector.want_room(worker.outbox.fd, worker)
         except (BrokenPipeError, ConnectionResetError):
             worker.outbox.clear()  # it died: its sentinel says so
+
+    @staticmethod
+    def _flush(worker: Worker) -> bool:
+        """Write what waits for a task pipe's room; True when nothing is left."""
+        try:
+            return worker.outbox.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            worker.outbox.clear()  # it died: its sentinel says so
+            return True
 
     def wait(self, timeout: float | None) -> list[PoolEvent]:
         """Block until a worker sends something or dies, or ``timeout`` passes ([]).
 
-        Messages already read (one read takes every frame a pipe holds) come first,
-        without waiting; tasks queued for full pipes are written meanwhile.
+        One read takes every frame a pipe holds; tasks queued for full pipes are written
+        meanwhile.
         """
         events: list[PoolEvent] = []
         self._release_alone()
-        for worker in self._serving():
-            if worker.reader.holds_frame:
-                events += self._received(worker, worker.reader.buffered())
-        if events:
-            return events
         deaths: list[Host] = []
-        for key, mask in self._select(timeout):
-            role, worker = key.data
+        for role, owner in self._selector.select(timeout, self._flush):
             if role == _RESULT:
-                messages = worker.reader.read()
-                if worker.reader.eof:  # it exited: its sentinel says the rest
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._selector.unregister(worker.results)
-                events += self._received(worker, messages)
-            elif role == _DEATH:
-                deaths.append(worker)
-            elif mask & selectors.EVENT_WRITE:
-                try:
-                    worker.outbox.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    worker.outbox.clear()  # it died: its sentinel says so
+                reader = owner.reader
+                messages = reader.read()
+                if reader.eof:  # it exited: its sentinel says the rest
+                    self._selector.unwatch(reader.fd)
+                events += self._received(owner, messages)
+            else:
+                deaths.append(owner)
         for host in deaths:
             events += self._died(host)
         return events
 
-    def _select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
-        """The selector's answer, with every task pipe that has queued bytes watched for
-        room: the main process never blocks on a write. Returns early with nothing when
-        only writes happened before ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._watch_writers()
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            found = self._selector.select(remaining)
-            if any(key.data[0] != _TASK for key, _ in found):
-                return found
-            for key, _ in found:  # only room to write: write, and wait again
-                worker = key.data[1]
-                try:
-                    worker.outbox.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    worker.outbox.clear()
-            if deadline is not None and time.monotonic() >= deadline:
-                return []
-
-    def _watch_writers(self) -> None:
-        for worker in self._serving():
-            fd = worker.outbox.fd
-            if worker.outbox.pending and fd not in self._writing:
-                self._selector.register(fd, selectors.EVENT_WRITE, (_TASK, worker))
-                self._writing.add(fd)
-            elif not worker.outbox.pending and fd in self._writing:
-                self._selector.unregister(fd)
-                self._writing.discard(fd)
-
     def _received(self, worker: Worker, messages: list[Any]) -> list[PoolEvent]:
         events: list[PoolEvent] = []
+        worker_id = worker.worker_id
         for message in messages:
             if isinstance(message, _ANSWERS):
                 worker.unanswered -= 1
             elif isinstance(message, (Ready, StartupFailed)):
-                self._loaded(worker.worker_id)
+                self._loaded(worker_id)
             payload = getattr(message, "payload", None)
             if payload is None:
-                events.append(Received(worker.worker_id, message))
+                events.append(_received(worker_id=worker_id, message=message, batch=None))
                 continue
-            slot = getattr(payload, "slot", None)
-            if slot is not None:
+            if type(payload) is SlotPayload:
                 # Map on receipt: the batch stays readable if the worker dies before
                 # the user takes it (the fd is closed when the worker is replaced).
-                worker.arena.view(slot)
+                worker.arena.view(payload.slot)
+                worker.slot_bytes = payload.slot.size
             handle = PayloadHandle(worker.decoder, payload, self._release_alone)
-            events.append(Received(worker.worker_id, message, handle))
+            events.append(_received(worker_id=worker_id, message=message, batch=handle))
         return events
 
     def _loaded(self, worker_id: int) -> None:

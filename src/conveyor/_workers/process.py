@@ -121,6 +121,7 @@ class Worker:
     reader: FrameReader = field(init=False)
     pending_releases: list[int] = field(default_factory=list)
     unanswered: int = 0  # tasks sent that no reply has answered yet
+    slot_bytes: int = 0  # the size of the slot its last batch came in
 
     def __post_init__(self) -> None:
         self.decoder = Decoder(self.arena, self.pending_releases.append)

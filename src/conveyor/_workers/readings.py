@@ -79,7 +79,7 @@ class RoomsAhead:
         self._rooms: dict[int, RoomAhead] = {}  # by slot size
 
     def __call__(self, batch: BatchHandle) -> RoomAhead | None:
-        handle = cast(PayloadHandle, batch)
+        handle: PayloadHandle = batch  # type: ignore[assignment]  # (once a batch: no cast)
         payload = handle.payload
         if type(payload) is SlotPayload:
             budget = self._budget

@@ -29,15 +29,15 @@ system call for all of them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import pickle
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from conveyor._task.protocol import BatchDone, Task, builder
-
+from .._task.protocol import BatchDone, Task
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
 
@@ -45,13 +45,18 @@ _LENGTH = struct.Struct("<Q")
 # epoch, seq, first_sample, flags, released count, then released ids, then the index pickle
 _TASK = struct.Struct("<qqqBI")
 _COUNT = struct.Struct("<I")  # how many slot ids follow (R frames, and before a P task)
+_ID = struct.Struct("<q")  # one slot id
 _TASK_TRACE, _TASK_WANT_STATE, _TASK_CONSECUTIVE = 1, 2, 4
 _RUN = struct.Struct("<qq")  # a consecutive index: its first value and length
+# A whole T frame, length first, of a consecutive index and no slots, or one (one pack).
+_PLAIN_RUN = struct.Struct("<QB" + _TASK.format[1:] + _RUN.format[1:])
+_PLAIN_RUN_1 = struct.Struct("<QB" + _TASK.format[1:] + "q" + _RUN.format[1:])
 # epoch, seq, busy_s, started, fetch_s, collate_s, encode_s, slot id, slot offset, slot
 # size, layout count, retired count, plain
 _BATCH = struct.Struct("<qqdddddqqqII?")
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE, _KIND_RELEASED = b"T", b"B", b"P", b"R"
 _KIND_PICKLED_TASK = b"Q"  # a task with excluded indices or places, pickled, and slots
+_BYTE_BATCH, _BYTE_TASK = _KIND_BATCH[0], _KIND_TASK[0]
 READ_SIZE = 1 << 16
 
 # What the binary forms carry, and the fields they leave out (which must then have their
@@ -81,7 +86,14 @@ def encode(message: Any) -> bytes:
     """One whole frame (length included) for ``message`` (a task: :func:`encode_task`)."""
     if type(message) is Task:
         return encode_task(message)
-    if type(message) is BatchDone and _plain_batch(message):
+    if (
+        type(message) is BatchDone
+        and type(message.payload) is SlotPayload
+        and not message.skipped
+        and message.state is None
+        and message.epoch_state is None
+        and message.asked_worker_info is None
+    ):
         body = _encode_batch(message)
     else:
         body = _KIND_PICKLE + bytes(ForkingPickler.dumps(message))
@@ -90,14 +102,35 @@ def encode(message: Any) -> bytes:
 
 def encode_task(task: Task, released: tuple[int, ...] = ()) -> bytes:
     """The frame of ``task``, carrying the slots ``released`` since the last frame."""
-    if not task.exclude and not task.places:
-        body = _encode_task(task, released)
-    elif not released:
-        body = _KIND_PICKLE + bytes(ForkingPickler.dumps(task))
-    else:
+    if task.exclude or task.places:
         pickled = bytes(ForkingPickler.dumps(task))
-        body = b"".join((_KIND_PICKLED_TASK, _COUNT.pack(len(released)), _ids(released), pickled))
-    return _LENGTH.pack(len(body)) + body
+        if not released:
+            body = _KIND_PICKLE + pickled
+        else:
+            count = _COUNT.pack(len(released))
+            body = b"".join((_KIND_PICKLED_TASK, count, _ids(released), pickled))
+        return _LENGTH.pack(len(body)) + body
+    flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
+    index = task.index
+    if task.consecutive and index:
+        flags |= _TASK_CONSECUTIVE
+        if not released:  # the commonest tasks (a sequential sampler's): one pack
+            return _PLAIN_RUN.pack(
+                _PLAIN_RUN.size - _LENGTH.size, _BYTE_TASK, task.epoch, task.seq,
+                task.first_sample, flags, 0, index[0], len(index),
+            )  # fmt: skip
+        if len(released) == 1:
+            return _PLAIN_RUN_1.pack(
+                _PLAIN_RUN_1.size - _LENGTH.size, _BYTE_TASK, task.epoch, task.seq,
+                task.first_sample, flags, 1, released[0], index[0], len(index),
+            )  # fmt: skip
+        packed = _RUN.pack(index[0], len(index))
+    else:
+        packed = pickle.dumps(index, pickle.HIGHEST_PROTOCOL)
+    head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
+    ids = _ID.pack(released[0]) if len(released) == 1 else _ids(released)
+    size = 1 + _TASK.size + len(ids) + len(packed)
+    return b"".join((_LENGTH.pack(size), _KIND_TASK, head, ids, packed))
 
 
 def encode_released(released: tuple[int, ...]) -> bytes:
@@ -108,28 +141,6 @@ def encode_released(released: tuple[int, ...]) -> bytes:
 
 def _ids(released: tuple[int, ...]) -> bytes:
     return struct.pack(f"<{len(released)}q", *released) if released else b""
-
-
-def _plain_batch(message: BatchDone) -> bool:
-    return (
-        type(message.payload) is SlotPayload
-        and not message.skipped
-        and message.state is None
-        and message.epoch_state is None
-        and message.asked_worker_info is None
-    )
-
-
-def _encode_task(task: Task, released: tuple[int, ...]) -> bytes:
-    flags = (_TASK_TRACE if task.trace else 0) | (_TASK_WANT_STATE if task.want_state else 0)
-    index = task.index
-    if task.consecutive and index:
-        flags |= _TASK_CONSECUTIVE
-        packed = _RUN.pack(index[0], len(index))
-    else:
-        packed = pickle.dumps(index, pickle.HIGHEST_PROTOCOL)
-    head = _TASK.pack(task.epoch, task.seq, task.first_sample, flags, len(released))
-    return b"".join((_KIND_TASK, head, _ids(released), packed))
 
 
 def _encode_batch(message: BatchDone) -> bytes:
@@ -150,7 +161,7 @@ def _encode_batch(message: BatchDone) -> bytes:
         len(retired),
         payload.plain,
     )
-    pairs = struct.pack(f"<{2 * len(layout)}q", *(n for pair in layout for n in pair))
+    pairs = struct.pack(f"<{2 * len(layout)}q", *itertools.chain.from_iterable(layout))
     ids = struct.pack(f"<{len(retired)}q", *retired) if retired else b""
     return b"".join((_KIND_BATCH, head, pairs, ids, payload.meta))
 
@@ -169,7 +180,7 @@ class BodyDecoder:
         if kind == _KIND_TASK:
             return self._decode_task(body)
         if kind == _KIND_BATCH:
-            return self._decode_batch(body)
+            return self.decode_batch(body)
         if kind == _KIND_PICKLE:
             return pickle.loads(body[1:])
         if kind in (_KIND_RELEASED, _KIND_PICKLED_TASK):
@@ -196,7 +207,9 @@ class BodyDecoder:
             index = list(range(first, first + length))  # the list the sampler yielded
         else:
             index = pickle.loads(body[at:])
-        return Task(
+        task = _new(Task)  # (once a batch: without the frozen __init__, see decode_batch)
+        task.__dict__.update(
+            _TASK_DEFAULTS,
             epoch=epoch,
             seq=seq,
             index=index,
@@ -205,8 +218,10 @@ class BodyDecoder:
             want_state=bool(flags & _TASK_WANT_STATE),
             consecutive=consecutive,
         )
+        return task
 
-    def _decode_batch(self, body: memoryview) -> BatchDone:
+    def decode_batch(self, body: memoryview) -> BatchDone:
+        """A ``B`` frame's message (see :meth:`decode`)."""
         epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
         slot_id, offset, size, n_layout, n_retired, plain = rest
         at = 1 + _BATCH.size
@@ -219,10 +234,14 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        payload = _new_payload(
+        # Made without their frozen __init__ (see protocol.builder), inline: once a batch.
+        payload = _new(SlotPayload)
+        payload.__dict__.update(
             slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
         )
-        return _new_batch_done(
+        done = _new(BatchDone)
+        done.__dict__.update(
+            _DONE_DEFAULTS,
             epoch=epoch,
             seq=seq,
             payload=payload,
@@ -232,10 +251,20 @@ class BodyDecoder:
             collate_s=collate_s,
             encode_s=encode_s,
         )
+        return done
 
 
-_new_payload = builder(SlotPayload)
-_new_batch_done = builder(BatchDone)
+_new = object.__new__
+_TASK_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(Task)
+    if f.default is not dataclasses.MISSING and f.name not in _CARRIED[Task][0]
+}
+_DONE_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(BatchDone)
+    if f.default is not dataclasses.MISSING and f.name not in _CARRIED[BatchDone][0]
+}
 
 
 class FrameReader:
@@ -255,12 +284,16 @@ class FrameReader:
         self._large: bytearray | None = None  # the body of a large frame being read
         self._large_filled = 0
         self._decoder = BodyDecoder(on_released)
+        self._batch = self._decoder.decode_batch  # a batch's frame: no dispatch on its kind
         self.eof = False
 
     def recv(self) -> Any:
         """The next message; blocks until it is whole. EOFError once the peer is gone."""
         while True:
-            for message in self._parsed(limit=1):
+            message = self._next()
+            while message is None:  # (a frame of freed slots alone)
+                message = self._next()
+            if message is not _INCOMPLETE:
                 return message
             self._fill()
 
@@ -272,11 +305,15 @@ class FrameReader:
             pass
         except EOFError:
             self.eof = True
-        return list(self._parsed())
+        return self.buffered()
 
     def buffered(self) -> list[Any]:
         """The whole messages already read, without reading."""
-        return list(self._parsed())
+        messages = []
+        while (message := self._next()) is not _INCOMPLETE:
+            if message is not None:
+                messages.append(message)
+        return messages
 
     @property
     def holds_frame(self) -> bool:
@@ -301,7 +338,7 @@ class FrameReader:
                 self.eof = True
             except OSError:  # closed under us
                 break
-            messages += self._parsed()
+            messages += self.buffered()
         return messages
 
     def _fill(self) -> None:
@@ -318,43 +355,42 @@ class FrameReader:
         self._data = self._data[self._at :] + chunk if self._at < len(self._data) else chunk
         self._at = 0
 
-    def _parsed(self, limit: int | None = None) -> Iterator[Any]:
-        """The messages of the whole frames read (a frame of freed slots alone is no
-        message: its slots went to ``on_released``)."""
-        count = 0
-        while limit is None or count < limit:
-            large = self._large
-            if large is not None:
-                if self._large_filled < len(large):
-                    return
-                self._large = None
-                message = self._decoder.decode(memoryview(large))
-                if message is not None:
-                    count += 1
-                    yield message
-                continue
-            data, at = self._data, self._at
-            if len(data) - at < _LENGTH.size:
-                return
-            (length,) = _LENGTH.unpack_from(data, at)
-            start, end = at + _LENGTH.size, at + _LENGTH.size + length
-            if end > len(data):
-                if length > READ_SIZE:  # gather the rest in place
-                    self._large = bytearray(length)
-                    self._large_filled = len(data) - start
-                    self._large[: self._large_filled] = memoryview(data)[start:]
-                    self._data, self._at = b"", 0
-                return
-            self._at = end
-            message = self._decoder.decode(memoryview(data)[start:end])
-            if message is not None:
-                count += 1
-                yield message
+    def _next(self) -> Any:
+        """The message of the next whole frame read: None for a frame of freed slots alone
+        (its slots went to ``on_released``), ``_INCOMPLETE`` if no whole frame is here."""
+        large = self._large
+        if large is not None:
+            if self._large_filled < len(large):
+                return _INCOMPLETE
+            self._large = None
+            return self._decoder.decode(memoryview(large))
+        data, at = self._data, self._at
+        if len(data) - at < _LENGTH.size:
+            return _INCOMPLETE
+        (length,) = _LENGTH.unpack_from(data, at)
+        start = at + _LENGTH.size
+        end = start + length
+        if end > len(data):
+            if length > READ_SIZE:  # gather the rest in place
+                self._large = bytearray(length)
+                self._large_filled = len(data) - start
+                self._large[: self._large_filled] = memoryview(data)[start:]
+                self._data, self._at = b"", 0
+            return _INCOMPLETE
+        self._at = end
+        if data[start] == _BYTE_BATCH:
+            return self._batch(memoryview(data)[start:end])
+        return self._decoder.decode(memoryview(data)[start:end])
+
+
+_INCOMPLETE: Any = object()  # FrameReader._next: no whole frame has been read
 
 
 def send(fd: int, message: Any) -> None:
     """Write one message to a blocking descriptor (the worker's side), whole."""
-    with memoryview(encode(message)) as data:
-        while data:
-            written = os.write(fd, data)
-            data = data[written:]
+    frame = encode(message)
+    written = os.write(fd, frame)
+    if written < len(frame):  # (a pipe takes a whole frame of up to 64 KiB at once)
+        with memoryview(frame) as data:
+            while written < len(frame):
+                written += os.write(fd, data[written:])

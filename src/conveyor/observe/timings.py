@@ -74,13 +74,18 @@ class StageClock:
             self.worker_busy[worker_id] += busy_s
             self.worker_busy_total[worker_id] += busy_s
 
-    def handed_out(self, samples: int, decode_s: float = 0.0, pin_s: float = 0.0) -> None:
+    def handed_out(
+        self, samples: int, decode_s: float = 0.0, pin_s: float = 0.0, wait_s: float = 0.0
+    ) -> None:
+        """A batch reached the user: rebuilt, pinned, and waited for this long."""
         t = self._totals
         t.batches += 1
         t.samples += samples
         t.decode_s += decode_s
         if pin_s:
             t.pin_s += pin_s
+        if wait_s:
+            t.wait_s += wait_s
 
     def waited(self, seconds: float) -> None:
         """The training loop waited this long inside ``next()``."""
