@@ -58,12 +58,14 @@ BOOK = tuple(
 )
 KINDS = "conveyor._workers.kinds"
 # What of conveyor._workers is every kind's: the pool protocol, the core and its spec,
-# the start method, the fork gates, what the core reports errors with, and the per-core
-# scope (worker info, seeds, per_worker handles) with the draws it answers per thread.
+# the start method, the fork gates, what the core reports errors with, the per-core
+# scope (worker info, seeds, per_worker handles) with the draws it answers per thread,
+# and Ctrl-C's handling (held back over steps that must not be cut in half; noted when
+# it passes through a loader).
 SHARED_WORKERS = frozenset(
     f"conveyor._workers{name}"
     for name in ("", ".api", ".core", ".spec", ".kinds", ".start_method", ".fork_gate",
-                 ".remote_error", ".sources", ".scope", ".thread_draws")
+                 ".remote_error", ".sources", ".scope", ".thread_draws", ".interrupts")
 )  # fmt: skip
 
 

@@ -27,7 +27,9 @@ import enum
 import importlib
 import inspect
 import re
+import sys
 import textwrap
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -76,13 +78,37 @@ def missing_docstring(obj: Any) -> bool:
     return not (doc or "").strip()
 
 
+def _class_source(cls: type) -> list[str] | None:
+    """The lines of ``cls``'s own ``class`` statement. inspect looks for a class in the
+    file of its ``__module__``: one whose ``__module__`` names the public module that
+    re-exports it (``conveyor.errors.Culprit``, defined in ``_task/context.py``) is
+    looked for in the wrong file, and Python 3.13 then reads from its ``__firstlineno__``
+    there. Then the one ``class`` statement of that name in the package is it."""
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        first = tree.body[0] if tree.body else None
+        if isinstance(first, ast.ClassDef) and first.name == cls.__name__:
+            return lines
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        pass
+    package = Path(sys.modules[cls.__module__.partition(".")[0]].__file__ or "").parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                found.append(text.splitlines(keepends=True)[start - 1 : node.end_lineno])
+    return found[0] if len(found) == 1 else None
+
+
 def undocumented_fields(cls: type) -> list[str]:
     """The fields of ``cls`` (a dataclass's, or annotated class attributes) with no
     documentation in the form autodoc reads: a ``#:`` comment on the lines above or
     after the field on its line, or a string right after it."""
-    try:
-        lines, _ = inspect.getsourcelines(cls)
-    except (OSError, TypeError):
+    lines = _class_source(cls)
+    if lines is None:
         return []
     tree = ast.parse(textwrap.dedent("".join(lines)))
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []

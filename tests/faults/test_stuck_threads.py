@@ -246,7 +246,6 @@ def test_after_a_stuck_threads_timeout_the_interpreter_exits_at_once(stuck: str)
     assert child.returncode == 1 and "WorkerTimeoutError" in err, err
 
 
-@pytest.mark.slow  # a child interpreter that imports torch
 def _ctrl_c_child(*args: str) -> tuple[float, str, int]:
     """Run ctrl_c_stuck_thread.py: seconds from its Ctrl-C to its end, stderr, status."""
     child = subprocess.Popen(
@@ -260,6 +259,7 @@ def _ctrl_c_child(*args: str) -> tuple[float, str, int]:
         return time.monotonic() - interrupted, err, child.returncode
 
 
+@pytest.mark.slow  # two child interpreters that import torch
 def test_ctrl_c_with_a_thread_stuck_for_good_ends_the_program_at_once() -> None:
     """No timeout: the thread is not known to be stuck, yet the program ends on Ctrl-C
     (close() gave the thread 5 s; the exit now waits for it 1 s at most). Measured

@@ -105,11 +105,18 @@ class WorkerInfo:
     worker. ``worker_method`` is ``"multiprocessing"`` or ``"thread"``, as torch's.
     """
 
+    #: This worker's id, from 0 to ``num_workers - 1``.
     id: int
+    #: How many workers the loader has.
     num_workers: int
+    #: This worker's seed: the loader's base seed plus ``id``, as torch's.
     seed: int
+    #: This worker's own copy of the dataset.
     dataset: Any
+    #: This worker's own generators (``random_generator``, ``numpy_generator``,
+    #: ``torch_generator``).
     rng: WorkerRng | None = None
+    #: ``"multiprocessing"`` or ``"thread"``, as torch's.
     worker_method: str = "multiprocessing"
 
 
