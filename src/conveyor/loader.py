@@ -218,8 +218,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             return self._get_iterator()
         kept = self._iterator
         if kept is None or getattr(kept, "closed", False) or self._pending_state is not None:
-            if kept is not None:
-                kept.close()
+            _stop(kept)
             self._iterator = self._get_iterator()
         elif isinstance(kept, MultiprocessIterator):
             kept.reset()
@@ -301,9 +300,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         primed, self._primed = self._primed, None
         if primed is not None:
             primed.close()
-        if self._iterator is not None:
-            self._iterator.close()  # persistent workers restart from the loaded state
-            self._iterator = None
+        _stop(self._iterator)  # persistent workers restart from the loaded state
+        self._iterator = None
 
     def _dataset_len(self) -> int | None:
         if self._config.iterable:
@@ -376,3 +374,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             return
         if (text := too_many_workers(self.num_workers)) is not None:
             warnings.warn(text, UserWarning, stacklevel=2)
+
+
+def _stop(iterator: Any) -> None:
+    """Stop a persistent iterator's workers: conveyor's ``close()``, or (a subclass's
+    ``_get_iterator`` may return one) torch's own ``_shutdown_workers()``."""
+    if iterator is not None:
+        (getattr(iterator, "close", None) or iterator._shutdown_workers)()
