@@ -6,7 +6,8 @@ Usage: ``python exit_mid_batch.py SAMPLE_S``. Two thread workers, batches of 4; 
 sample from index 4 on runs torch operations for ``SAMPLE_S`` seconds (an augmentation on
 a loaded node; torch releases the GIL inside each operation). The script takes the
 first batch (samples 0-3, quick), prints ``took a batch`` and returns without closing
-anything. Each slow sample prints ``began INDEX`` and ``finished INDEX`` (each line
+anything; its exit writes how long conveyor's part of it took (tests/helpers/
+exit_timing.py). Each slow sample prints ``began INDEX`` and ``finished INDEX`` (each line
 written at once: print's text and its newline, written apart, interleave across threads).
 """
 
@@ -16,8 +17,10 @@ import sys
 import time
 
 import torch
+from tests.helpers import exit_timing
 
-from conveyor import DataLoader
+exit_timing.outer()
+from conveyor import DataLoader  # noqa: E402  (after the exit's outer bracket)
 
 SAMPLE_S = float(sys.argv[1])
 
@@ -44,6 +47,7 @@ class Augmented:
 
 
 loader = DataLoader(Augmented(), batch_size=4, num_workers=2, worker_method="thread")
+exit_timing.inner()
 for _batch in loader:
     _say("took a batch")
     break
