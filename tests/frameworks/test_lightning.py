@@ -103,7 +103,7 @@ def _ranks(loader: str, strategy: str, tmp_path: Path) -> list[dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, "-W", "ignore", str(SCRIPT), loader, str(out), strategy],
         env=env,
-        timeout=240,
+        timeout=600,  # 2 ranks importing Lightning on CI's busy cores: minutes
         capture_output=True,
         text=True,
     )
@@ -166,7 +166,7 @@ RESUME = Path(__file__).with_name("lightning_resume.py")
 def _lightning(out: Path, devices: int, *resume: str) -> subprocess.CompletedProcess[str]:
     env = child_env()
     command = [sys.executable, "-W", "ignore", str(RESUME), str(out), str(devices), *resume]
-    return subprocess.run(command, env=env, timeout=300, capture_output=True, text=True)
+    return subprocess.run(command, env=env, timeout=600, capture_output=True, text=True)
 
 
 def _steps(log: Path, ranks: int) -> list[dict[str, Any]]:
