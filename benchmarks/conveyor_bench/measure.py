@@ -26,6 +26,7 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
+from conveyor_bench.calls import count_calls
 from conveyor_bench.processes import (
     TreePss,
     TreeUsage,
@@ -74,6 +75,10 @@ class Measurement:
     loader_pss_bytes: int | None = None
     workers_pss_bytes: int | None = None
     step_ms: float | None = None  # train: a training step's mean time in the window
+    # The main process's function calls per batch, after the window (see calls.py):
+    # Python functions, and all (C ones too).
+    main_python_calls: float | None = None
+    main_calls: float | None = None
 
     @property
     def waited_share(self) -> float:
@@ -307,6 +312,7 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
+    calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
     added = _pss_added(before_loader) if before_loader is not None else None
     result = Measurement(
         batches,
@@ -325,6 +331,8 @@ def _time_window(
         loader_pss_bytes=added[0] if added else None,
         workers_pss_bytes=added[1] if added else None,
         step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
+        main_python_calls=calls.python if calls and calls.batches else None,
+        main_calls=calls.total if calls and calls.batches else None,
     )
     if train is None:
         return result

@@ -48,6 +48,13 @@ class WindowSpec:
     max_batches: int
     seconds: float
     measure_memory: bool = False  # read the process tree's memory (PSS) at the window's end
+    # Batches after the window whose main-process function calls are counted (calls.py).
+    count_calls: int = 0
+
+
+# Batches whose main-process calls a throughput run counts after its window (few: under
+# the profile hook they run several times slower; the count is the same every batch).
+CALL_BATCHES, QUICK_CALL_BATCHES = 50, 5
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class WorkloadSpec:
 
     def window(self, quick: bool, seconds: float) -> WindowSpec:
         """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
+        calls = 0 if self.kind != "throughput" else QUICK_CALL_BATCHES if quick else CALL_BATCHES
         if not quick:
             return WindowSpec(
                 self.warmup,
@@ -130,11 +138,12 @@ class WorkloadSpec:
                 self.max_batches,
                 seconds * self.seconds_scale,
                 self.measure_memory,
+                calls,
             )
         warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
         least = 1 if self.quick_seconds else self.quick_batches
         return WindowSpec(
-            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory
+            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory, calls
         )
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conveyor_bench.calls import CallCount, count_calls
 
 from conveyor import DataLoader
+from conveyor_bench.calls import CallCount, count_calls
 
 # Handing out a batch whose reply has come: Python calls, and all calls (C ones too).
 HANDOUT_PYTHON, HANDOUT_ALL = 32, 70
