@@ -276,6 +276,8 @@ def _time_window(
             train.run(warm, timed=False)
         del warm
     settled, settled_workers = _settle(loader, it, train) if settle else (None, None)
+    # Counted before the window, not at the epoch's end (where no more tasks go out).
+    calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
     peak = tree_rss()
     next_sample = 1
     samples = batches = 0
@@ -312,7 +314,6 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
-    calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
     added = _pss_added(before_loader) if before_loader is not None else None
     result = Measurement(
         batches,

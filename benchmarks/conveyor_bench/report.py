@@ -231,7 +231,7 @@ def render(report: BenchReport) -> str:
             "shared-memory loader spends there, so 1.00x is the floor, not a cap. CPU per "
             "batch varies far less than samples/s from one run to the next on a shared "
             "machine. main calls/batch: the function calls the main process makes per batch "
-            "(Python functions; all, C ones too), counted over a few batches after the "
+            "(Python functions; all, C ones too), counted over a few batches before the "
             "window (benchmarks/conveyor_bench/calls.py): a count, the same on a busy "
             "machine.",
             "## Details",

@@ -278,7 +278,9 @@ def _run_workload(
     methods = _row_methods(spec, options)
     method = methods[0] if methods else None
     window = spec.window(options.quick, options.seconds)
-    length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
+    # (and room for the batches whose calls are counted before the window)
+    batches = window.warmup + window.max_batches + window.count_calls
+    length = spec.fixed_length or batches * spec.batch_size
     try:
         dataset = spec.make_dataset(length, options.quick)
     except Exception as exc:  # e.g. decode without Pillow: this workload's row says why

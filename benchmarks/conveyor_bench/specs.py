@@ -48,12 +48,13 @@ class WindowSpec:
     max_batches: int
     seconds: float
     measure_memory: bool = False  # read the process tree's memory (PSS) at the window's end
-    # Batches after the window whose main-process function calls are counted (calls.py).
+    # Batches before the window (after warm-up) whose main-process calls are counted.
     count_calls: int = 0
 
 
-# Batches whose main-process calls a throughput run counts after its window (few: under
-# the profile hook they run several times slower; the count is the same every batch).
+# Batches whose main-process calls a throughput run counts, after warm-up and before its
+# window (few: under the profile hook they run several times slower; the count is the
+# same every batch).
 CALL_BATCHES, QUICK_CALL_BATCHES = 50, 5
 
 

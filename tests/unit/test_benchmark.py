@@ -199,7 +199,7 @@ def test_the_ray_workload_without_ray_says_so_on_its_row(monkeypatch: pytest.Mon
 def test_quick_window_of_epochs_runs_at_least_one_within_its_seconds() -> None:
     assert WORKLOADS["epochs"].window(quick=True, seconds=3.0) == WindowSpec(0, 1, 3, 0.2)
     assert WORKLOADS["epochs"].window(quick=False, seconds=3.0) == WindowSpec(1, 2, 500, 3.0)
-    # A throughput window also counts the main process's calls over a few batches after it.
+    # A throughput window also counts the main process's calls over a few batches first.
     assert WORKLOADS["tiny"].window(quick=True, seconds=3.0) == WindowSpec(
         10, 40, 40, 0.0, count_calls=specs.QUICK_CALL_BATCHES
     )
