@@ -12,6 +12,7 @@ alive a while after the loader was dropped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -27,7 +28,9 @@ except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
 from conveyor_bench.calls import count_calls
+from conveyor_bench.charged import ChargedPeak, charged_peak
 from conveyor_bench.processes import (
+    PeakPss,
     TreePss,
     TreeUsage,
     count_leftovers,
@@ -75,7 +78,14 @@ class Measurement:
     loader_pss_bytes: int | None = None
     workers_pss_bytes: int | None = None
     step_ms: float | None = None  # train: a training step's mean time in the window
-    # The main process's function calls per batch, after the window (see calls.py):
+    # The memory the loader added at its peak in the window (PSS of the process tree,
+    # sampled all through it: WindowSpec.peak_memory), and how many samples were read.
+    peak_pss_bytes: int | None = None
+    pss_samples: int = 0
+    # The same peak as the kernel charged it to a memory cgroup of the run's own (see
+    # charged.py: PSS misses shared memory no process maps); None where none was made.
+    charged_peak_bytes: int | None = None
+    # The main process's function calls per batch, before the window (see calls.py):
     # Python functions, and all (C ones too).
     main_python_calls: float | None = None
     main_calls: float | None = None
@@ -264,9 +274,12 @@ def _time_window(
     window: WindowSpec,
     train: TrainingStep | None = None,
     settle: bool = False,
+    charged: ChargedPeak | None = None,
 ) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
-    before_loader = TreePss.read() if window.measure_memory else None
+    before_loader = TreePss.read() if window.measure_memory or window.peak_memory else None
+    if charged is not None:
+        charged.begin()
     loader = make_loader()
     it = iter(loader)
     for _ in range(window.warmup):
@@ -291,6 +304,7 @@ def _time_window(
         def sample_at(elapsed: float, batches: int) -> float:
             return batches * _MEMORY_SAMPLES / window.max_batches
 
+    sampler = PeakPss.start() if window.peak_memory else None
     workers0 = TreeUsage.read()
     faults0, cpu0 = _minor_faults(), time.process_time()
     t0 = now = time.perf_counter()
@@ -314,7 +328,9 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
-    added = _pss_added(before_loader) if before_loader is not None else None
+    peak_pss = sampler.stop() if sampler is not None else None
+    charged_bytes = charged.added() if charged is not None else None
+    added = _pss_added(before_loader) if before_loader and window.measure_memory else None
     result = Measurement(
         batches,
         samples,
@@ -332,6 +348,9 @@ def _time_window(
         loader_pss_bytes=added[0] if added else None,
         workers_pss_bytes=added[1] if added else None,
         step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
+        peak_pss_bytes=_peak_added(peak_pss, before_loader),
+        pss_samples=sampler.samples if sampler is not None else 0,
+        charged_peak_bytes=charged_bytes,
         main_python_calls=calls.python if calls and calls.batches else None,
         main_calls=calls.total if calls and calls.batches else None,
     )
@@ -416,6 +435,13 @@ def _pss_added(before: TreePss) -> tuple[int, int] | None:
     return now.own - before.own + now.workers, now.workers
 
 
+def _peak_added(peak: int | None, before: TreePss | None) -> int | None:
+    """The peak of the process tree's PSS over what it was before the loader was made."""
+    if peak is None or before is None:
+        return None
+    return peak - (before.own + before.workers)
+
+
 def measure_throughput(
     make_loader: LoaderFactory, window: WindowSpec, *, settle: bool = False
 ) -> Measurement:
@@ -436,11 +462,14 @@ def measure_training(
     spin_iterations: int = 0,
 ) -> Measurement:
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
-    loader is built and dropped in here."""
+    loader is built and dropped in here (with ``window.peak_memory``, in a memory cgroup
+    of its own where one can be made: see charged.py)."""
     before = descendants()
     step = TrainingStep(step_s, accelerator, spin_iterations)
-    result = _time_window(make_loader, window, step, settle)
-    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
+    with charged_peak() if window.peak_memory else contextlib.nullcontext() as charged:
+        result = _time_window(make_loader, window, step, settle, charged)
+        leftovers = count_leftovers(before)  # (gone before the group is removed)
+    return dataclasses.replace(result, leaked_processes=leftovers)
 
 
 def measure_startup(make_loader: LoaderFactory) -> Measurement:

@@ -375,6 +375,17 @@ def _run_workload(
 
         run(row, factories, train)
         run_variants(train, extra=pinned)
+    elif spec.kind == "memory":
+        for step_s in spec.memory_steps:
+            step = f"{1000 * step_s:g} ms step" if step_s else "no step"
+            for count in spec.worker_counts:
+                config = f"{count} workers, persistent, prefetch_factor=2, {step}"
+                row, factories = loader_row(config, "memory", count)
+                run(
+                    row,
+                    factories,
+                    functools.partial(measure_training, window=window, step_s=step_s),
+                )
     elif spec.kind == "epochs":
         batches = len(dataset) // spec.batch_size
         for row_method in methods:

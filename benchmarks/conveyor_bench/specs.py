@@ -12,6 +12,7 @@ from conveyor_bench.workloads import (
     BigDataset,
     CpuDataset,
     DecodeDataset,
+    FloatImageDataset,
     FreshImageDataset,
     ImageDataset,
     MapDataset,
@@ -23,7 +24,7 @@ from conveyor_bench.workloads import (
     pad_collate,
 )
 
-Kind = Literal["throughput", "startup", "epochs", "train", "ray"]
+Kind = Literal["throughput", "startup", "epochs", "train", "ray", "memory"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class WindowSpec:
     measure_memory: bool = False  # read the process tree's memory (PSS) at the window's end
     # Batches before the window (after warm-up) whose main-process calls are counted.
     count_calls: int = 0
+    # Sample the process tree's memory (PSS) all through the window: its peak.
+    peak_memory: bool = False
 
 
 # Batches whose main-process calls a throughput run counts, after warm-up and before its
@@ -118,9 +121,17 @@ class WorkloadSpec:
     by_default: bool = True  # run without --workloads (ray: only when named)
     # Each row says what memory its loader's processes held (worker kinds compared).
     measure_memory: bool = False
+    # memory: a row per worker count, conveyor and torch, each run's peak memory added;
+    # conveyor's over torch's, at most this (issue 40).
+    worker_counts: tuple[int, ...] = ()
+    target_memory_of_torch: float | None = None
+    # memory: the training step after each batch, a row set each: none (the loaders run
+    # flat out: conveyor's prefetch fills, torch's may not) and one long enough that both
+    # fill it (what each holds at the same prefetch_factor).
+    memory_steps: tuple[float, ...] = (0.0, 0.3)
 
     def __post_init__(self) -> None:
-        timed = self.kind in ("throughput", "epochs", "train", "ray")
+        timed = self.kind in ("throughput", "epochs", "train", "ray", "memory")
         if timed and not 1 <= self.min_batches <= self.max_batches:
             raise ValueError(
                 f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
@@ -132,6 +143,7 @@ class WorkloadSpec:
     def window(self, quick: bool, seconds: float) -> WindowSpec:
         """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
         calls = 0 if self.kind != "throughput" else QUICK_CALL_BATCHES if quick else CALL_BATCHES
+        peak = self.kind == "memory"
         if not quick:
             return WindowSpec(
                 self.warmup,
@@ -140,11 +152,12 @@ class WorkloadSpec:
                 seconds * self.seconds_scale,
                 self.measure_memory,
                 calls,
+                peak,
             )
         warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
         least = 1 if self.quick_seconds else self.quick_batches
         return WindowSpec(
-            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory, calls
+            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory, calls, peak
         )
 
 
@@ -340,6 +353,25 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             plain_row=True,
             seconds_scale=0.5,
             in_quick=False,
+        ),
+        WorkloadSpec(
+            name="memory",
+            summary="float batches of 64x3x224x224 (38.5 MB; a new float32 array per sample) "
+            "with 2, 4 and 8 workers: each loader's peak memory, the whole process tree's PSS "
+            "sampled through the window",
+            kind="memory",
+            make_dataset=lambda n, quick: FloatImageDataset(n),
+            batch_size=64,
+            num_workers=2,
+            worker_counts=(2, 4, 8),
+            persistent_workers=True,
+            max_batches=200,
+            quick_batches=3,
+            warmup=4,
+            quick_warmup=2,
+            min_batches=12,
+            in_quick=False,
+            target_memory_of_torch=1.1,
         ),
         WorkloadSpec(
             name="latency",

@@ -289,13 +289,20 @@ class FrameReader:
 
     def recv(self) -> Any:
         """The next message; blocks until it is whole. EOFError once the peer is gone."""
-        while True:
-            message = self._next()
-            while message is None:  # (a frame of freed slots alone)
-                message = self._next()
-            if message is not _INCOMPLETE:
-                return message
+        while (message := self.take()) is None:
             self._fill()
+        return message
+
+    def take(self) -> Any:
+        """The next whole message already read (frames of freed slots alone passed over:
+        their slots went to ``on_released``); None if none is."""
+        while (message := self._next()) is None:
+            pass
+        return None if message is _INCOMPLETE else message
+
+    def fill(self) -> None:
+        """One read (blocks until the peer writes); EOFError once the peer is gone."""
+        self._fill()
 
     def read(self) -> list[Any]:
         """The messages one read completes (none if it brought only part of one)."""
