@@ -58,12 +58,14 @@ BOOK = tuple(
 )
 KINDS = "conveyor._workers.kinds"
 # What of conveyor._workers is every kind's: the pool protocol, the core and its spec,
-# the start method, the fork gates, what the core reports errors with, and the per-core
-# scope (worker info, seeds, per_worker handles) with the draws it answers per thread.
+# the start method, the fork gates, what the core reports errors with, the per-core
+# scope (worker info, seeds, per_worker handles) with the draws it answers per thread,
+# and Ctrl-C's handling (held back over steps that must not be cut in half; noted when
+# it passes through a loader).
 SHARED_WORKERS = frozenset(
     f"conveyor._workers{name}"
     for name in ("", ".api", ".core", ".spec", ".kinds", ".start_method", ".fork_gate",
-                 ".remote_error", ".sources", ".scope", ".thread_draws")
+                 ".remote_error", ".sources", ".scope", ".thread_draws", ".interrupts")
 )  # fmt: skip
 
 
@@ -404,6 +406,15 @@ def violations(graph: Graph) -> dict[str, list[str]]:
         ],
         "(f) conveyor._iter reaches a kind of worker only through kinds.py": kind_violations(graph),
     }
+
+
+def test_the_benchmark_harness_has_no_import_cycle() -> None:
+    """The harness (benchmarks/conveyor_bench) is held to rule (a) too (issue 41)."""
+    graph = build_graph(ROOT / "benchmarks", "conveyor_bench")
+    assert len(graph.modules) > 10 and not graph.unresolved, graph.unresolved
+    cycles = find_cycles(graph.imports())
+    report = "\n".join(describe_cycle(graph, cycle, others) for cycle, others in cycles)
+    assert not cycles, f"conveyor_bench's modules import each other:\n{report}"
 
 
 def test_import_rules_hold() -> None:

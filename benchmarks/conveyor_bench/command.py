@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from conveyor.doctor.argtypes import positive_int
+from conveyor_bench.catalogue import DEFAULT_WORKLOADS, QUICK_WORKLOADS, WORKLOADS
 from conveyor_bench.plot import MatplotlibMissingError, plot_report, require_matplotlib
 from conveyor_bench.report import render, write_json
 from conveyor_bench.runner import ALL_LOADERS, QUICK_LOADERS, BenchOptions, run_benchmark
-from conveyor_bench.specs import DEFAULT_WORKLOADS, QUICK_WORKLOADS, WORKLOADS
 
 DEFAULT_ROUNDS = 3
 
@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{', '.join(QUICK_LOADERS)}); spdl and grain are optional packages: a row they "
         "would join says 'not installed' without them",
     )
+    _add_run_arguments(parser)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """How each row runs, and where the results go besides the report."""
     parser.add_argument(
         "--quick",
         action="store_true",

@@ -29,6 +29,7 @@ except ImportError:  # not on Unix
 
 from conveyor_bench.calls import count_calls
 from conveyor_bench.charged import ChargedPeak, charged_peak
+from conveyor_bench.measurement import Measurement, touch
 from conveyor_bench.processes import (
     PeakPss,
     TreePss,
@@ -45,118 +46,6 @@ Collate = Callable[[Any], Any]
 
 _MEMORY_SAMPLES = 4
 SETTLE_LIMIT_S = 30.0  # num_workers="auto": how long to wait for the count to settle
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One run. ``seconds`` is the timed window (for epochs: all ``epochs`` of it), or the
-    time to first batch for startup."""
-
-    batches: int
-    samples: int
-    seconds: float
-    main_cpu_s: float
-    peak_rss_bytes: int | None
-    leaked_processes: int
-    main_page_faults: int | None = None  # minor faults of the main process in the window
-    epochs: int = 0  # timed epochs, for the epochs kind of run
-    waited_s: float = 0.0  # train: time the loop spent in next(), waiting for a batch
-    copy_s: float = 0.0  # train, with an accelerator: time copying batches to it
-    copied_bytes: int = 0
-    # The descendants' (workers'): CPU time and minor faults in the window; None where
-    # they cannot be read (not Linux), 0 with no worker process.
-    workers_cpu_s: float | None = None
-    workers_page_faults: int | None = None
-    worker_processes: int = 0  # descendants seen at the window's end (helpers left out)
-    # num_workers="auto": seconds until the count settled, before the window (None: it did
-    # not within SETTLE_LIMIT_S, or the run was not asked to wait for it).
-    settled_after_s: float | None = None
-    settled_workers: int | None = None
-    waited_to_settle: bool = False
-    # The memory the loader added by the window's end (PSS): this process's growth since
-    # before the loader was made, and its workers'.
-    loader_pss_bytes: int | None = None
-    workers_pss_bytes: int | None = None
-    step_ms: float | None = None  # train: a training step's mean time in the window
-    # The memory the loader added at its peak in the window (PSS of the process tree,
-    # sampled all through it: WindowSpec.peak_memory), and how many samples were read.
-    peak_pss_bytes: int | None = None
-    pss_samples: int = 0
-    # The same peak as the kernel charged it to a memory cgroup of the run's own (see
-    # charged.py: PSS misses shared memory no process maps); None where none was made.
-    charged_peak_bytes: int | None = None
-    # The main process's function calls per batch, before the window (see calls.py):
-    # Python functions, and all (C ones too).
-    main_python_calls: float | None = None
-    main_calls: float | None = None
-
-    @property
-    def waited_share(self) -> float:
-        """The share of the window the training loop spent waiting for data."""
-        return self.waited_s / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def copy_bytes_per_s(self) -> float | None:
-        return self.copied_bytes / self.copy_s if self.copy_s > 0 else None
-
-    @property
-    def seconds_per_epoch(self) -> float | None:
-        return self.seconds / self.epochs if self.epochs else None
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def main_cpu_ms_per_batch(self) -> float:
-        return 1000.0 * self.main_cpu_s / self.batches if self.batches else 0.0
-
-    @property
-    def main_faults_per_batch(self) -> float | None:
-        if self.main_page_faults is None or not self.batches:
-            return None
-        return self.main_page_faults / self.batches
-
-    @property
-    def workers_cpu_ms_per_batch(self) -> float | None:
-        if self.workers_cpu_s is None or not self.batches:
-            return None
-        return 1000.0 * self.workers_cpu_s / self.batches
-
-    @property
-    def workers_faults_per_batch(self) -> float | None:
-        if self.workers_page_faults is None or not self.batches:
-            return None
-        return self.workers_page_faults / self.batches
-
-    @property
-    def total_cpu_ms_per_batch(self) -> float:
-        """Main process and workers: all the CPU a batch cost."""
-        return self.main_cpu_ms_per_batch + (self.workers_cpu_ms_per_batch or 0.0)
-
-
-def first_column(batch: Any) -> Any:
-    """The first field of a collated batch (every workload's sample is a tuple)."""
-    if isinstance(batch, Mapping):
-        return next(iter(batch.values()))
-    if isinstance(batch, (tuple, list)):
-        return batch[0]
-    return batch
-
-
-def touch(batch: Any) -> int:
-    """Read one element of the batch, as a training step would; return the batch's length.
-
-    Reading forces a lazily mapped or zero-copy batch to be real without copying it all.
-    """
-    column = first_column(batch)
-    item = column[0]
-    shape = getattr(item, "shape", None)
-    if shape is not None:
-        float(item[(0,) * len(shape)])
-    else:
-        len(item)
-    return len(column)
 
 
 class PlainLoop:
@@ -269,6 +158,33 @@ class TrainingStep:
             self.steps += 1
 
 
+class _MemoryPeaks:
+    """The process tree's peak RSS, sampled at each quarter of a window: of its time, or
+    of its batches when it has no time limit."""
+
+    def __init__(self, window: WindowSpec) -> None:
+        self.window, self.next, self.peak = window, 1, tree_rss()
+
+    def after(self, elapsed: float, batches: int) -> None:
+        window = self.window
+        if window.seconds > 0:
+            at = elapsed * _MEMORY_SAMPLES / window.seconds
+        else:
+            at = batches * _MEMORY_SAMPLES / window.max_batches
+        if at >= self.next:
+            self.next += 1
+            self.peak = max(self.peak, tree_rss())
+
+
+def _warm_up(it: Iterator[Any], window: WindowSpec, train: TrainingStep | None) -> None:
+    for _ in range(window.warmup):
+        warm = next(it)
+        touch(warm)
+        if train is not None:
+            train.run(warm, timed=False)
+        del warm
+
+
 def _time_window(
     make_loader: LoaderFactory,
     window: WindowSpec,
@@ -282,28 +198,12 @@ def _time_window(
         charged.begin()
     loader = make_loader()
     it = iter(loader)
-    for _ in range(window.warmup):
-        warm = next(it)
-        touch(warm)
-        if train is not None:
-            train.run(warm, timed=False)
-        del warm
+    _warm_up(it, window, train)
     settled, settled_workers = _settle(loader, it, train) if settle else (None, None)
     # Counted before the window, not at the epoch's end (where no more tasks go out).
     calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
-    peak = tree_rss()
-    next_sample = 1
+    memory = _MemoryPeaks(window)
     samples = batches = 0
-    if window.seconds > 0:  # memory at each quarter of the window's time, or of its batches
-
-        def sample_at(elapsed: float, batches: int) -> float:
-            return elapsed * _MEMORY_SAMPLES / window.seconds
-
-    else:
-
-        def sample_at(elapsed: float, batches: int) -> float:
-            return batches * _MEMORY_SAMPLES / window.max_batches
-
     sampler = PeakPss.start() if window.peak_memory else None
     workers0 = TreeUsage.read()
     faults0, cpu0 = _minor_faults(), time.process_time()
@@ -321,9 +221,7 @@ def _time_window(
         del batch  # a training step runs on the device's copy: the host batch can go
         batches += 1
         now = time.perf_counter()
-        if sample_at(now - t0, batches) >= next_sample:
-            next_sample += 1
-            peak = max(peak, tree_rss())
+        memory.after(now - t0, batches)
     seconds = now - t0
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
@@ -336,7 +234,7 @@ def _time_window(
         samples,
         seconds,
         cpu,
-        peak,
+        memory.peak,
         0,
         faults,
         workers_cpu_s=workers_cpu,

@@ -34,7 +34,7 @@ from conveyor_bench.specs import WindowSpec, WorkloadSpec
 from conveyor_bench.workloads import ImageDataset
 
 if TYPE_CHECKING:
-    from conveyor_bench.runner import BenchOptions
+    from conveyor_bench.options import BenchOptions
 
 LOADER = "conveyor"  # the column the rows' figures go in
 IMAGE_BATCH = 64  # 64 x 3x224x224 uint8: 9.6 MB

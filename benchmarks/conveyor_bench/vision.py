@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conveyor_bench.workloads import Repeated
+from conveyor_bench.workloads import DECODE_IMAGES, Repeated
 
 INSTALL = "pip install torch==2.14.1 torchvision==0.29.1"
 CLASSES = 4
@@ -72,7 +72,6 @@ def image_folder(length: int, quick: bool, *, torchvision_io: bool = False) -> R
     from torchvision.transforms import v2
 
     from conveyor_bench.imaging import PHOTO_SIZE
-    from conveyor_bench.specs import DECODE_IMAGES
 
     count, size = (16, (160, 120)) if quick else (DECODE_IMAGES, PHOTO_SIZE)
     transform = v2.Compose(

@@ -274,3 +274,6 @@ def hand_collate(samples: Sequence[tuple[Any, int]]) -> tuple[Any, Array]:
     if isinstance(values[0], np.ndarray):
         return np.stack(values), labels
     return values, labels
+
+
+DECODE_IMAGES = 256  # different JPEGs of 500x375; --quick: 16 small ones, 160x120

@@ -58,21 +58,62 @@ class Options:
     under its parameter's name, as torch's arguments are: frameworks that rebuild a
     loader from its attributes (Lightning adding a DistributedSampler) keep them."""
 
+    #: Dead workers replaced (their tasks re-sent) over the iterator's life before giving
+    #: up with ``WorkerCrashedError``; deaths a sample is proven to cause do not count.
     max_worker_restarts: int = 3
+    #: ``"raise"`` (torch's behaviour) or ``"skip"``: leave out a sample whose fetch
+    #: raises, a batch whose collate raises, and a sample proven to kill its worker;
+    #: each is recorded (``DataLoader.skipped_samples``), never silently lost.
     on_error: str = "raise"
+    #: With ``"skip"``, how many samples an epoch may lose before raising anyway: a
+    #: count (int) or a fraction of the epoch (float < 1).
     max_errors: int | float = 0.01
+    #: Seconds after which a running task is reported with its worker's Python stack
+    #: (``WorkerStallWarning``; None: never). The threshold grows to ten times the
+    #: workers' typical time per batch, so slow-but-steady datasets are not flagged.
     stall_warning: float | None = 60.0
+    #: When torch's ``timeout`` expires: ``"raise"`` (torch) or ``"restart"``, replace the
+    #: stuck worker (a process is killed, a thread abandoned) and retry its tasks.
     on_timeout: str = "raise"
+    #: On the first iteration with workers, check the dataset, ``collate_fn`` and
+    #: ``worker_init_fn`` for what breaks in workers (a handle forked workers would share,
+    #: an object spawn cannot pickle, a huge list every worker copies, threads or CUDA
+    #: before fork, a low open-file limit): an error before any worker starts, else a
+    #: ``PreflightWarning`` once per loader. A few milliseconds; False skips them.
     preflight: bool = True
-    snapshot_every_n_steps: int | None = 1  # None: 0, no periodic snapshot
+    #: torchdata's: every how many batches the workers' dataset states are collected for
+    #: ``state_dict()`` (0 or None: only at the start of the epoch).
+    snapshot_every_n_steps: int | None = 1
+    #: ``"worker"`` (torch's: each worker seeded once), ``"batch"`` or ``"sample"``: seed
+    #: ``random``, NumPy and torch before each batch or sample, so that augmentations draw
+    #: the same whatever the worker count, and on resume.
     reseed: str = "worker"
+    #: When batches are small and quick (under 1 ms of work each), workers take tasks
+    #: beyond ``prefetch_factor`` while their slots fit 16 MiB per loader, so that on few
+    #: cores they rarely sleep; False keeps exactly ``prefetch_factor``, as torch does.
     run_ahead: bool = True
+    #: ``"multiprocessing"`` (torch's worker processes), ``"thread"`` (threads of this
+    #: process) or ``"ray"`` (a Ray actor per worker, on the cluster ``ray.init()``
+    #: connects to).
     worker_method: str = "multiprocessing"
+    #: Show samples/s, the loop's data-wait share, restarts and skips as an epoch goes
+    #: (tqdm's bar when tqdm is installed, else a line every 10 seconds).
     progress: bool = False
+    #: Log the epoch's figures and the verdict (``DataLoader.diagnose()``) at each epoch's
+    #: end on the ``conveyor`` logger (``CONVEYOR_REPORT=1`` does the same).
     report: bool = False
-    worker_options: Mapping[str, Any] | None = None  # Ray actor options (worker_method="ray")
-    threads_per_worker: int = 1  # worker cores per worker process, each in a thread
-    # The dataset's methods whose calls between epochs reach every worker's copy.
+    #: With ``worker_method="ray"``, the actors' options: CPUs per worker, custom
+    #: resources, a runtime environment.
+    worker_options: Mapping[str, Any] | None = None
+    #: Worker processes only: each runs this many workers in threads, each a worker of
+    #: its own (``num_workers * threads_per_worker`` in all, as ``get_worker_info()`` and
+    #: checkpoints count them): many requests open at the memory of a few processes.
+    threads_per_worker: int = 1
+    #: The dataset's methods whose calls between epochs reach every worker's copy: what
+    #: the training loop calls (``dataset.set_epoch(epoch)``) is made again, with the last
+    #: call's arguments, on each worker's copy before it fetches the next epoch's first
+    #: sample; persistent workers, thread workers and replacements included, and a
+    #: checkpoint keeps those calls. ``()``: none.
     epoch_calls: tuple[str, ...] = ("set_epoch",)
 
     def __post_init__(self) -> None:
@@ -98,6 +139,7 @@ class Options:
 
     @functools.cached_property
     def policy(self) -> SupervisionPolicy:
+        """The failure options, as the supervisor reads them."""
         return SupervisionPolicy(
             max_worker_restarts=self.max_worker_restarts,
             on_error=self.on_error,

@@ -116,7 +116,7 @@ class PreflightWarning(ConveyorWarning):
     workers would share, a huge list each worker copies...). ``finding`` has its details.
     """
 
-    finding: Any = None  # the conveyor.Finding: code, severity, where, what, why, fix
+    finding: Any = None  #: the :class:`~conveyor.Finding`: code, severity, where, what, why, fix
 
 
 class ClusterCapacityWarning(ConveyorWarning):
@@ -176,14 +176,24 @@ class _NamesWorker(WorkerError):
 
 
 class WorkerCrashedError(_NamesWorker):
-    """A worker process exited without being asked to (a signal or an exit code)."""
+    """A worker process exited without being asked to (a signal or an exit code).
+
+    The message names the signal or exit code, its likely cause (the OOM killer, a
+    crash in native code), the worker and the dataset indices it held. The same facts
+    are attributes: ``worker_id``, ``pid`` and ``indices`` (None or empty where unknown),
+    and ``exitcode``.
+    """
 
     _facts = (*_NamesWorker._facts, "exitcode")
+    #: the process's exit code, negative for a signal (-9: SIGKILL); None: its kind of
+    #: worker cannot say (a Ray actor)
     exitcode: int | None = None
 
 
 class WorkerTimeoutError(_NamesWorker, TimeoutError):
-    """A task took longer than the loader's ``timeout``."""
+    """A task took longer than the loader's ``timeout``. The message has the worker's
+    Python stack; ``worker_id``, ``pid`` and ``indices`` (the dataset indices of the
+    stuck batch) are attributes."""
 
 
 class WorkerStartupError(WorkerError):

@@ -60,44 +60,27 @@ _BASES: tuple[type, ...] = (
 class DataLoader(*_BASES):  # type: ignore[misc]
     """Iterate over ``dataset`` in batches, optionally with worker processes.
 
-    A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments,
-    defaults and semantics. Batches hold torch tensors when torch is
-    installed (exactly as torch's ``default_collate`` builds them), NumPy
-    arrays otherwise.
+    A drop-in replacement for ``torch.utils.data.DataLoader``: same arguments, defaults
+    and semantics (torch 2.13's, up to ``in_order``), and the exception types torch
+    raises for a bad combination. Batches hold torch tensors when torch is installed
+    (exactly as torch's ``default_collate`` builds them), NumPy arrays otherwise. With
+    torch installed the loader *is* a ``torch.utils.data.DataLoader`` to every
+    ``isinstance`` check (Lightning, accelerate).
 
-    conveyor's own options are keyword-only. Those about failures are described
-    in ``SupervisionPolicy``. ``preflight`` (default True): on the first iteration
-    with workers, check the dataset, ``collate_fn`` and ``worker_init_fn`` for what
-    breaks in workers (a file or database connection that forked workers would
-    share, an object spawn cannot pickle, a huge Python list every worker copies,
-    threads or CUDA before fork, a low open-file limit). An error is raised before
-    any worker starts; a warning is a ``PreflightWarning``, once per loader. The
-    checks take a few milliseconds; ``preflight=False`` skips them. ``run_ahead``
-    (default True): when batches are small and quick (under 1 ms of work each),
-    workers take tasks beyond ``prefetch_factor`` while their slots fit 16 MiB per
-    loader, so that on few cores they rarely sleep waiting for work; False keeps
-    exactly ``prefetch_factor`` per worker, as torch does.
-    ``conveyor.check(loader)`` prints the full report.
-
-    ``worker_method``: ``"multiprocessing"`` (torch's worker processes), ``"thread"``
-    (threads of this process) or ``"ray"`` (one Ray actor per worker, on the cluster
-    ``ray.init()`` connects to; ``worker_options`` are the actors' options: CPUs per
-    worker, custom resources, a runtime environment). See docs/ray.md.
-    ``threads_per_worker`` (worker processes only; default 1): each worker process runs
-    that many workers in threads, each a worker of its own (``num_workers *
-    threads_per_worker`` in all, as ``get_worker_info()`` and checkpoints count them);
-    for samples that wait on storage, many requests open at the memory cost of a few
-    processes. See docs/guide.md.
-    ``epoch_calls`` (default ``("set_epoch",)``): the dataset's methods whose calls reach
-    every worker's copy of it. What the training loop calls on the dataset between
-    epochs (``dataset.set_epoch(epoch)``) is made again on each worker's copy before that
-    worker fetches the next epoch's first sample (an iterable dataset: before its
-    iterator is made), with the last call's arguments; persistent workers, thread
-    workers and replacements included. A checkpoint keeps those calls. ``()``: none.
+    conveyor's own options come after torch's, keyword-only, and are described in
+    :class:`~conveyor.config.Options`: what to do when workers die, hang or meet a bad
+    sample (``max_worker_restarts``, ``on_error``, ``max_errors``, ``stall_warning``,
+    ``on_timeout``), the pre-flight checks (``preflight``), random draws independent
+    of the worker count (``reseed``), the dataset's calls between epochs that reach
+    every worker's copy (``epoch_calls``), the kind of worker (``worker_method``,
+    ``worker_options``, ``threads_per_worker``), ``run_ahead``, and what the loader
+    shows as it runs (``progress``, ``report``). Their defaults change nothing a
+    torch user relies on, except that a dead worker is replaced instead of ending the
+    run. ``conveyor.check(loader)`` prints the full pre-flight report.
     """
 
     _initialized = False
-    # conveyor's own keyword-only options, each kept as a public attribute of that name.
+    #: conveyor's own keyword-only options, each kept as a public attribute of that name.
     conveyor_options = tuple(f.name for f in dataclasses.fields(Options))
     # ``DataLoader[Batch]`` in annotations, as torch's loader is Generic.
     __class_getitem__: Any = classmethod(types.GenericAlias)
@@ -150,6 +133,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             **{name: arguments[name] for name in self.conveyor_options},
         )  # fmt: skip
         self._adopt(config)
+        self._dataset_kind = 1 if config.iterable else 0  # torch's _DatasetKind: Map, Iterable
         watch(config.dataset, config.options.epoch_calls)  # the instance's, never its class's
         self._pending_state: ResumePoint | None = None  # load_state_dict: for the next iter()
         self._progress: Progress | None = None  # what the current (or last) iterator handed out
@@ -157,7 +141,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         self._preflight_pending = config.options.preflight  # on the first iter() with workers
         self._last_iterator: weakref.ref[Any] | None = None
         self._history = LoaderHistory()  # epochs, skipped samples, last statistics
-        self._iterator: MultiprocessIterator | None = None
+        self._iterator: Any = None  # persistent workers' (or a subclass's own) iterator
         self._config = config
         self._initialized = True
         self.check_worker_number_rationality()
@@ -179,6 +163,9 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             raise ValueError(
                 f"{name} attribute should not be set after {type(self).__name__} is initialized"
             )
+        kept = self.__dict__.get("_iterator")
+        if name == "_iterator" and value is None and isinstance(kept, MultiprocessIterator):
+            kept.close()  # Lightning's reset: torch's persistent workers are shut down there
         super().__setattr__(name, value)
         if self._initialized and not name.startswith("_"):
             # torch lets some arguments change after __init__ (num_workers,
@@ -190,11 +177,22 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     @property
     def multiprocessing_context(self) -> BaseContext | None:
+        """The start method's context for worker processes (torch's attribute; set it
+        with a name such as ``"spawn"`` or a context)."""
         return self._multiprocessing_context
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, value: str | BaseContext | None) -> None:
         self._multiprocessing_context = start_context(value, self.num_workers)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (or deep-copied) as torch's loader is, also once iterated: the arguments,
+        conveyor's options, the history and a state loaded for the next ``iter()``; not the
+        iterator, whose workers a copy cannot share (the copy's ``iter()`` starts afresh)."""
+        state = dict(self.__dict__)
+        state.update(_iterator=None, _primed=None, _last_iterator=None, _progress=None)
+        state["_history"] = dataclasses.replace(self._history, tracer=None)
+        return state
 
     @property
     def _auto_collation(self) -> bool:
@@ -206,13 +204,31 @@ class DataLoader(*_BASES):  # type: ignore[misc]
 
     # --- iteration --------------------------------------------------------
 
-    def __iter__(self) -> InlineIterator | MultiprocessIterator:
+    def __iter__(self) -> Any:
         primed, self._primed = self._primed, None
-        if primed is not None and not primed.closed:
+        if primed is not None and not getattr(primed, "closed", False):
             return primed  # made by state_dict() before the first iter(), as torchdata does
-        return self._new_iterator()
+        return self._next_iterator()
 
-    def _new_iterator(self) -> InlineIterator | MultiprocessIterator:
+    def _next_iterator(self) -> Any:
+        """torch's ``__iter__``: persistent workers keep one iterator, reset each epoch
+        (a state loaded meanwhile starts them afresh); else ``_get_iterator()``, which a
+        subclass may override, as with torch's loader."""
+        if not (self.persistent_workers and self.num_workers > 0):
+            return self._get_iterator()
+        kept = self._iterator
+        if kept is None or getattr(kept, "closed", False) or self._pending_state is not None:
+            _stop(kept)
+            self._iterator = self._get_iterator()
+        elif isinstance(kept, MultiprocessIterator):
+            kept.reset()
+            self._watch(kept)
+        else:
+            kept._reset(self)  # a subclass's own iterator: torch's call
+        return self._iterator
+
+    def _get_iterator(self) -> InlineIterator | MultiprocessIterator:
+        """A new iterator over the loader (torch's hook, called by ``iter()``)."""
         iterator: InlineIterator | MultiprocessIterator
         config = self._config
         # Ray workers get the objects pickled when their pool starts, which names what does
@@ -221,16 +237,16 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         checked = config.kind.automatic_preflight
         if self.num_workers > 0 and self._preflight_pending and checked:
             # Raises an ERROR before any worker starts, warns once, at the user's iter()
-            # (or state_dict()) line: four frames up.
-            run_automatic(config, stacklevel=4)
+            # (or state_dict()) line: five frames up.
+            run_automatic(config, stacklevel=5)
             self._preflight_pending = False
         resume, self._pending_state = self._pending_state, None
         if not self._history.warned_duplicates:
             text = unsharded_ranks(config)
             if text is not None:
                 self._history.warned_duplicates = True
-                # At the user's iter() (or state_dict()) line: three frames up.
-                warnings.warn(text, DuplicateDataWarning, stacklevel=3)
+                # At the user's iter() (or state_dict()) line: four frames up.
+                warnings.warn(text, DuplicateDataWarning, stacklevel=4)
         if self.num_workers == 0:
             iterator = InlineIterator(config, self._history, resume)
         elif self.prefetch_factor == 0:
@@ -238,21 +254,17 @@ class DataLoader(*_BASES):  # type: ignore[misc]
                 "prefetch_factor=0 with num_workers > 0 would never ask a worker for a batch; "
                 "use prefetch_factor >= 1 (2 is the default)"
             )
-        elif not self.persistent_workers:
+        else:
             self.check_worker_number_rationality()
             iterator = MultiprocessIterator(config, self._history, resume=resume)
-        elif self._iterator is None or self._iterator.closed or resume is not None:
-            if self._iterator is not None:
-                self._iterator.close()
-            iterator = self._iterator = MultiprocessIterator(config, self._history, resume=resume)
-        else:
-            self._iterator.reset()
-            iterator = self._iterator
+        self._watch(iterator)
+        return iterator
+
+    def _watch(self, iterator: InlineIterator | MultiprocessIterator) -> None:
         # A weak reference: holding the iterator would keep its workers alive
         # after the user's loop is gone.
         self._last_iterator = weakref.ref(iterator)
         self._progress = iterator.progress
-        return iterator
 
     # --- checkpoint and resume ------------------------------------------------------
 
@@ -267,7 +279,7 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         if self._progress is None or self._pending_state is not None:
             # Nothing to describe yet (or a loaded state waits): make the iterator now,
             # as torchdata does; the next iter() returns it.
-            self._primed = self._new_iterator()
+            self._primed = self._next_iterator()
         assert self._progress is not None
         return self._progress.state_dict()
 
@@ -288,9 +300,8 @@ class DataLoader(*_BASES):  # type: ignore[misc]
         primed, self._primed = self._primed, None
         if primed is not None:
             primed.close()
-        if self._iterator is not None:
-            self._iterator.close()  # persistent workers restart from the loaded state
-            self._iterator = None
+        _stop(self._iterator)  # persistent workers restart from the loaded state
+        self._iterator = None
 
     def _dataset_len(self) -> int | None:
         if self._config.iterable:
@@ -363,3 +374,10 @@ class DataLoader(*_BASES):  # type: ignore[misc]
             return
         if (text := too_many_workers(self.num_workers)) is not None:
             warnings.warn(text, UserWarning, stacklevel=2)
+
+
+def _stop(iterator: Any) -> None:
+    """Stop a persistent iterator's workers: conveyor's ``close()``, or (a subclass's
+    ``_get_iterator`` may return one) torch's own ``_shutdown_workers()``."""
+    if iterator is not None:
+        (getattr(iterator, "close", None) or iterator._shutdown_workers)()

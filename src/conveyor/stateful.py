@@ -15,9 +15,20 @@ __all__ = ["Stateful", "is_stateful", "load_into", "save_of"]
 
 @runtime_checkable
 class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
+    """A dataset, sampler or iterator that saves its progress and resumes from it.
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+    Defining both methods is enough (``isinstance(obj, Stateful)`` holds without
+    inheriting): the loader saves their states in its ``state_dict()`` and hands them
+    back on resume.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where it is, as plain data (a copy: later progress must not change it)."""
+        ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from what ``state_dict()`` returned."""
+        ...
 
 
 def is_stateful(obj: Any) -> bool:

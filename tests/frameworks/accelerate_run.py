@@ -72,10 +72,28 @@ def prepared(way: str, accelerator: Any, plain: Any, model: torch.nn.Module) -> 
     return plain.prepare(model, optimizer, conveyor_loader(generator))[2]
 
 
+def _kind(x: Any) -> str:
+    return f"{type(x).__module__}.{type(x).__qualname__}"
+
+
 def describe(loader: Any) -> dict[str, Any]:
+    """Which loader loads, and what code reads of the prepared one (docs/frameworks.md)."""
+    base = getattr(loader, "base_dataloader", loader)
+    shard = loader.batch_sampler
+    sharded = getattr(shard, "batch_sampler", None)
     return {
-        "loader": type(loader.base_dataloader).__module__,
-        "on_error": getattr(loader.base_dataloader, "on_error", None),
+        "loader": type(base).__module__,
+        "on_error": getattr(base, "on_error", None),
+        "seen_as": {
+            "batch_size": loader.batch_size,
+            "total_batch_size": getattr(loader, "total_batch_size", None),
+            "drop_last": loader.drop_last,
+            "len": len(loader),
+            "sampler": _kind(loader.sampler),
+            "batch_sampler": _kind(shard),
+            "sharded": _kind(sharded),
+            "sharded_sampler": _kind(getattr(sharded, "sampler", None)),
+        },
     }
 
 

@@ -8,13 +8,14 @@ once, naming the fix."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from . import child_env
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("accelerate_run.py")
@@ -29,7 +30,7 @@ def _run(processes: int, tmp_path: Path) -> list[dict[str, Any]]:
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     done = subprocess.run(
         [*launcher, str(SCRIPT), str(out)],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        env=child_env(PYTHONWARNINGS="ignore"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,6 +52,9 @@ def test_conveyor_loads_with_accelerates_shards(way: str, ranks: list[dict[str, 
         assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
         assert ours["warnings"] == []
         assert ours["epochs"] == theirs["epochs"]  # batches, order and gradient syncs
+        # The loader accelerate rebuilt reads as torch's (batch_size, sampler, drop_last,
+        # length, the batch sampler it sharded and the sampler within: issue 43).
+        assert ours["seen_as"] == theirs["seen_as"]
         for epoch in ours["epochs"]:
             # accumulation of 4: the epoch's last step synchronises too
             assert epoch["syncs"][-1] is True
@@ -63,6 +67,7 @@ def test_skip_first_batches_keeps_conveyor_loading(ranks: list[dict[str, Any]]) 
         theirs, ours = report["torch_skipped"], report["subclass_skipped"]
         assert ours["loader"] == "conveyor.loader" and ours["on_error"] == "skip"
         assert ours["epochs"] == theirs["epochs"]
+        assert ours["seen_as"] == theirs["seen_as"]
         assert len(ours["epochs"][0]["seen"]) == 80 // 4 // len(ranks) - 3
 
 
@@ -89,7 +94,7 @@ def _torchrun(processes: int, out: Path, phase: str) -> subprocess.CompletedProc
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     return subprocess.run(
         [*command, str(RESUME), str(out), phase],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        env=child_env(PYTHONWARNINGS="ignore"),
         capture_output=True,
         text=True,
         timeout=300,

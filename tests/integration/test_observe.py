@@ -95,9 +95,11 @@ def _run(make: Callable[[], DataLoader], step: Any = None) -> Any:
 
 CASES = [
     pytest.param(
-        dict(dataset=Samples(), num_workers=2, persistent_workers=True),
+        dict(dataset=Samples(96), num_workers=2, persistent_workers=True),
         # A step far longer than a batch's loading: the loop may wait 5% of the run, and
-        # on busy cores (CI's lanes) the workers' start-up alone took that of 20 ms steps.
+        # on busy cores (CI's lanes) the workers' start-up alone took that of 20 ms steps;
+        # the second epoch's first batch (its tasks sent as it starts) took over 5% of 12
+        # steps of 100 ms with the machine's load at 7: 24 of them leave it room.
         lambda: _wait(5 * WAIT_S),
         Cause.TRAINING,
         id="training",
@@ -115,7 +117,9 @@ CASES = [
         id="collate",
     ),
     pytest.param(
-        dict(dataset=Samples(fetch=lambda i: _wait()), num_workers=2),
+        # 100 ms waits: a worker woken from one waits for a core before it runs, which
+        # counts as active; on CI's busy cores that passed half of 20 ms waits.
+        dict(dataset=Samples(16, fetch=lambda i: _wait(5 * WAIT_S)), num_workers=2),
         None,
         Cause.WAITING,
         id="io",

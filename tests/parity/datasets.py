@@ -259,6 +259,20 @@ class EagerShuffleBatchSampler:
         return -(-self.n // self.batch_size)
 
 
+class EagerShuffleSampler:
+    """Shuffles with torch's global RNG inside ``__iter__`` itself: inside a loader's
+    ``BatchSampler``, torch opens it at the first batch, after the base seed is drawn."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class NoLenSampler:
     """An iterable of indices without ``__len__``."""
 

@@ -517,6 +517,16 @@ def sampler_cases() -> list[Any]:
                 lambda side: dict(batch_sampler=ds.EagerShuffleBatchSampler(12, 5), num_workers=2),
             ),
             case(
+                "eager-sampler-in-batches-w0",
+                randoms(),
+                lambda side: dict(sampler=ds.EagerShuffleSampler(12), batch_size=5),
+            ),
+            case(
+                "eager-sampler-in-batches-w2",
+                randoms(),
+                lambda side: dict(sampler=ds.EagerShuffleSampler(12), batch_size=5, num_workers=2),
+            ),
+            case(
                 "batch-sampler-lists-w2",
                 mapped(),
                 dict(batch_sampler=[[0, 5], [1, 2, 3], [9], [4, 4, 4]], num_workers=2),

@@ -156,6 +156,28 @@ def test_persistent_workers_keep_their_actors_across_epochs(cluster: LocalCluste
     del loader, batches
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
+def test_an_iterated_loader_pickles_and_copies_its_iterator_refuses_as_torchs(
+    cluster: LocalCluster, persistent: bool
+) -> None:
+    """As with process and thread workers (tests/unit/test_framework_view.py): the copy
+    starts afresh on actors of its own; the iterator refuses with NotImplementedError."""
+    import copy
+    import pickle
+
+    loader = _loader(ds.Where(12), persistent_workers=persistent)
+    iterator = iter(loader)
+    next(iterator)
+    for attempt in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(NotImplementedError, match="cannot be pickled"):
+            attempt(iterator)
+    copied = pickle.loads(pickle.dumps(loader))
+    assert copied.worker_method == "ray" and copied.worker_options == SPREAD
+    assert [i for b in copied for i in b["i"].tolist()] == list(range(12))
+    assert sum(len(b["i"]) for b in iterator) == 12 - 3  # the original goes on
+    del loader, iterator, copied
+
+
 @pytest.mark.parametrize("reseed", ["worker", "batch"])
 def test_augmentations_are_the_same_as_with_process_workers(
     cluster: LocalCluster, reseed: str

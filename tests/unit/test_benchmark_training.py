@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from conveyor.cli import main
-from conveyor_bench import BenchOptions, Measurement, Row, render, runner
+from conveyor_bench import BenchOptions, Measurement, Row, render, runner, workload
+from conveyor_bench.catalogue import WORKLOADS
 from conveyor_bench.machine import machine_check
 from conveyor_bench.measure import PlainLoop
 from conveyor_bench.notes import against, annotate
@@ -25,7 +26,6 @@ from conveyor_bench.processes import TreeUsage
 from conveyor_bench.report import to_json
 from conveyor_bench.rows import NOT_INSTALLED
 from conveyor_bench.runner import BenchReport
-from conveyor_bench.specs import WORKLOADS
 from conveyor_bench.workloads import (
     BIG_MIB,
     BigDataset,
@@ -251,8 +251,8 @@ def test_an_alternative_not_installed_says_so_and_the_run_goes_on(
 ) -> None:
     monkeypatch.setattr(runner.alternatives, "describe", lambda name: NOT_INSTALLED)
     options = BenchOptions(workloads=("tiny",), quick=True, loaders=("conveyor", "spdl"))
-    monkeypatch.setattr(runner, "_machine_check", lambda *args: None)
-    monkeypatch.setattr(runner, "measure_throughput", lambda factory, window: _run(100))
+    monkeypatch.setattr(workload, "_machine_check", lambda *args: None)
+    monkeypatch.setattr(workload, "measure_throughput", lambda factory, window: _run(100))
     report = runner.run_benchmark(options, progress=None)
     workers = report.rows[0]
     assert workers.missing == {"spdl": NOT_INSTALLED} and "conveyor" in workers.runs

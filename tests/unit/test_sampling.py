@@ -621,12 +621,16 @@ def test_without_torch_error_types(no_torch_run: dict[str, Any]) -> None:
     }
 
 
-def test_only_conveyors_own_sequential_batches_are_called_consecutive() -> None:
+def test_only_plain_sequential_batches_are_called_consecutive() -> None:
+    """A plain BatchSampler over a plain SequentialSampler, torch's (what the loader makes
+    with torch installed) or conveyor's: a subclass may order otherwise."""
     import conveyor
+    from conveyor.sampling._defaults import consecutive_batches
 
     data = list(range(20))
     seq = conveyor.DataLoader(data, batch_size=4)._index_sampler
-    assert sampling.consecutive_batches(seq)
+    assert consecutive_batches(seq)
+    assert consecutive_batches(sampling.BatchSampler(sampling.SequentialSampler(data), 4, False))
     for batches in list(seq)[:3]:
         assert batches == list(range(batches[0], batches[0] + len(batches)))
 
@@ -640,4 +644,4 @@ def test_only_conveyors_own_sequential_batches_are_called_consecutive() -> None:
         conveyor.DataLoader(data, batch_size=None)._index_sampler,
         conveyor.DataLoader(data, batch_sampler=[[0, 1], [3, 2]])._index_sampler,
     ]
-    assert not any(sampling.consecutive_batches(s) for s in others)
+    assert not any(consecutive_batches(s) for s in others)

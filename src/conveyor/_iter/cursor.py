@@ -8,7 +8,8 @@ continue at any position ``k``:
   the random streams as they were before the epoch's first draw; resuming
   re-draws the same order and skips ``k`` outputs, fetching nothing.
 * *stateful*: the sampler or its iterator has ``state_dict()`` (torchdata's
-  protocol, or conveyor's ``BatchSampler`` over such a sampler). Its state is
+  protocol, or a plain ``BatchSampler``, torch's or conveyor's, over such a sampler:
+  opened as a ``BatchIterator``, which keeps that state). Its state is
   taken before each draw and kept until that output is delivered.
 """
 
@@ -19,7 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..config import LoaderConfig
-from ..sampling import BatchIterator, batches
+from ..sampling import BatchIterator
+from ..sampling._defaults import open_index
 from ..stateful import is_stateful, save_of
 from .elastic import RankPart
 from .rng import Streams
@@ -42,7 +44,7 @@ class SamplerCursor:
             config.generator, [config.index_sampler, inner, config.sampler, source]
         )
         self._iter: Iterator[Any] = iter(())
-        self._stateful = False
+        self._stateful: bool | None = False
         self.drawn = 0  # outputs drawn this epoch: the next output's seq
         self.samples_drawn = 0  # samples in them: the next sample's position
         self.last_first = 0  # the position of the last output's first sample
@@ -119,8 +121,8 @@ class SamplerCursor:
             self.samples_drawn = samples
 
     def _open(self) -> None:
-        self._iter = batches(self._sampler)
-        self._stateful = self._keeps_state()
+        self._iter = open_index(self._sampler)  # a batch sampler's state kept beside it
+        self._stateful = None  # asked at the first draw (a batch sampler opens its own then)
         self.drawn = self.samples_drawn = 0
         self._before.clear()
         self._samples_before.clear()
@@ -140,19 +142,22 @@ class SamplerCursor:
         seq = self.drawn
         if not self._taken:
             self._take_start()
-        if self._stateful:
-            self._before[seq] = self._states()
         self._samples_before[seq] = self.last_first = self.samples_drawn
         if self._replay_global is None:
-            value = next(self._iter, END)
+            value = self._draw(seq)
         else:
             with self._first_draw():
-                value = next(self._iter, END)
+                value = self._draw(seq)
         if value is END:
             return END
         self.drawn += 1
         self.samples_drawn += len(value) if self._auto_collation else 1
         return value
+
+    def _draw(self, seq: int) -> Any:
+        if self._keeps():
+            self._before[seq] = self._states()
+        return next(self._iter, END)
 
     def _take_start(self) -> None:
         self.rng_at_start = self.streams.capture()
@@ -182,7 +187,7 @@ class SamplerCursor:
             "rng": list(self.rng_at_start),
             "global_rng": self.global_at_start,
         }
-        if self._stateful:
+        if self._keeps():
             before = self._before.get(seq)
             if before is None:  # not drawn yet: the states are the current ones
                 before = self._states()
@@ -217,6 +222,11 @@ class SamplerCursor:
             self._before.pop(low, None)
             low += 1
         self._low = low
+
+    def _keeps(self) -> bool:
+        if self._stateful is None:
+            self._stateful = self._keeps_state()
+        return self._stateful
 
     def _keeps_state(self) -> bool:
         if isinstance(self._iter, BatchIterator):

@@ -26,6 +26,7 @@ from . import failures
 from .batches import batch_size_of
 from .cursor import END
 from .epoch import EpochStart, warn_past_length
+from .face import IteratorFace
 from .ledger import BATCH, ITERABLE, SINGLE, Entry
 from .pinning import pin_batch, pinning_enabled
 from .progress import Progress
@@ -36,7 +37,7 @@ from .tally import Tally
 _NO_WORKER = -1  # the training thread, as the worker its tasks are for
 
 
-class InlineIterator:
+class InlineIterator(IteratorFace):
     def __init__(
         self, config: LoaderConfig, history: LoaderHistory, resume: ResumePoint | None = None
     ) -> None:

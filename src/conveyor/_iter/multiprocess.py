@@ -25,23 +25,24 @@ from .._task.protocol import (
     TaskFailed,
 )
 from .._workers.api import BatchHandle, PoolFactory
-from .._workers.spec import UserObjects
-from ..collate import registrations as collate_registrations
+from .._workers.interrupts import interrupts_deferred, note_interrupt
 from ..config import LoaderConfig, LoaderHistory
 from ..errors import BatchesHeldWarning, DuplicateDataWarning
 from ..observe.watch import Watch
 from ..records import LoaderStatistics
-from ..sampling import consecutive_batches
+from ..sampling._defaults import consecutive_batches
 from . import failures, messages
 from .book import TaskBook
 from .cursor import END
 from .duplicates import StreamCheck
 from .epoch import EpochStart, warn_past_length
 from .epoch_news import EpochNews
+from .face import IteratorFace
 from .facts import Position
 from .failures import TaskError
 from .ledger import Entry
-from .pin_ahead import PinAhead, close_in_order
+from .ownership import Ownership
+from .pin_ahead import PinAhead
 from .pinning import pin_batch, pin_thread_setup, pinning_enabled
 from .progress import Progress
 from .receive import Receiving
@@ -51,7 +52,7 @@ from .supervisor import Supervisor
 from .tally import Tally
 
 
-class MultiprocessIterator(Receiving):
+class MultiprocessIterator(IteratorFace, Receiving):
     def __init__(
         self,
         config: LoaderConfig,
@@ -88,14 +89,9 @@ class MultiprocessIterator(Receiving):
         )  # fmt: skip
         self._tally = Tally(config.num_workers, now, history, config.kind.name)
         self._specs = start.worker_specs(**self._news.at_start())
-        maps = collate_registrations()  # the collate_fn_map registrations, for the workers
-        user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
-        if pool_factory is None:
-            pool_factory = config.kind.pool(config)
-        self._pool = pool_factory(user, self._specs)
-        # At once: a Ctrl-C from here on finds the workers to stop (see _take_charge).
-        self._finalizer = weakref.finalize(self, close_in_order, self._pin_ahead, self._pool)
-        try:
+        self._ownership = Ownership(self._pin_ahead)
+        try:  # (a Ctrl-C from the pool's first pipe on finds the workers to stop)
+            self._pool = self._ownership.make(self, config, self._specs, pool_factory)
             self._take_charge(now)
             self._start_epoch(start)
             # Like torchdata: iter() returns once every worker has started, so a
@@ -104,15 +100,13 @@ class MultiprocessIterator(Receiving):
             start.replay(self._next_batch)  # what was handed out since the state's snapshot
             if start.mid is not None:
                 self.progress.resumed_from = start.mid.raw
-        except BaseException:
-            self.close()
+        except BaseException as error:
+            self._abort(error)
             raise
 
     def _take_charge(self, now: float) -> None:
         """What watches the started workers: the supervisor (deadlines, deaths), who is
-        ready, whether an iterable dataset's workers shard, the epoch's progress. Built
-        once the pool owns its teardown (a start cut short before was left to the garbage
-        collector, which closes no bare descriptor, and left the workers running)."""
+        ready, whether an iterable dataset's workers shard, the epoch's progress."""
         config = self._config
         self._run_ahead = self._pool.abilities.run_ahead
         book, tally = self._book, self._tally
@@ -125,7 +119,6 @@ class MultiprocessIterator(Receiving):
         self.progress = self._new_progress()
 
     # --- the iterator protocol ----------------------------------------------------------
-
     def __iter__(self) -> MultiprocessIterator:
         return self
 
@@ -153,8 +146,8 @@ class MultiprocessIterator(Receiving):
         except TaskError as wrapped:
             # Like torch: the failed batch is consumed, the next one follows.
             raise wrapped.error from None
-        except BaseException:
-            self.close()
+        except BaseException as error:
+            self._abort(error)
             raise
         if self._history.iterable_len is not None:
             warn_past_length(self._config, self._history, self.progress.yielded, stacklevel=2)
@@ -165,13 +158,20 @@ class MultiprocessIterator(Receiving):
         return batch
 
     def close(self) -> None:
-        """Stop the workers now (the loop ended, broke, or raised)."""
-        if not self.closed and hasattr(self, "_supervisor"):  # (none: a start cut short)
-            self._history.last_statistics = self.statistics()
-        self.closed = True
-        self._finalizer()
+        """Stop the workers now (the loop ended, broke, or raised), whole: see ownership."""
+        with interrupts_deferred():
+            if not self.closed and hasattr(self, "_supervisor"):  # (none: a start cut short)
+                self._history.last_statistics = self.statistics()
+            self.closed = True
+            self._ownership.close()
 
     _shutdown_workers = close  # torch's name for it (called on a persistent loader's _iterator)
+
+    def _abort(self, error: BaseException) -> None:
+        """The loop ends on ``error`` (a Ctrl-C is noted: the user wants out)."""
+        if isinstance(error, KeyboardInterrupt):
+            note_interrupt()
+        self.close()
 
     def reset(self) -> None:
         """Start another epoch on the same (persistent) workers. What it starts with

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._workers.api import Pool
 from .._workers.fork_gate import ForkGate
 
 THREAD_NAME = "conveyor-pin"
@@ -193,12 +192,3 @@ class PinAhead:
         this is the thread itself (the garbage collector ran the iterator's finalizer
         during a pin), nor in a forked child, which has no such thread."""
         return os.getpid() == self._owner and threading.current_thread() is not self._thread
-
-
-def close_in_order(pin_ahead: PinAhead | None, pool: Pool) -> None:
-    """Stop pinning before the pool goes: a pin in flight reads a batch in its memory."""
-    try:
-        if pin_ahead is not None:
-            pin_ahead.close()
-    finally:
-        pool.close()

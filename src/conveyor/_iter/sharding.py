@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import _torch
 from ..distributed import DistributedSampler, epoch_order
-from ..sampling import plain_batches
+from ..sampling._defaults import plain_batches
 
 SAMPLES, BATCHES = "samples", "batches"
 

@@ -23,12 +23,15 @@ _PUBLIC_MODULE = "conveyor.errors"
 class Culprit:
     """Which sample of its batch an error came from, as far as conveyor can tell."""
 
-    indices: tuple[Any, ...] = ()  # dataset indices of the samples at fault (map-style)
-    # Iterable-style: the failing item's position in the stream of the worker (or of the
-    # main process), from 0 at the epoch's start, or at the state it resumed from.
+    #: The dataset indices of the samples at fault (map-style datasets).
+    indices: tuple[Any, ...] = ()
+    #: Iterable-style: the failing item's position in the stream of the worker (or of the
+    #: main process), from 0 at the epoch's start, or at the state it resumed from.
     stream_item: int | None = None
+    #: The stream resumed from a checkpoint: ``stream_item`` counts from there.
     resumed: bool = False
-    whole_batch: bool = False  # __getitems__ fetched the batch at once: no one sample
+    #: ``__getitems__`` fetched the batch at once: no one sample can be named.
+    whole_batch: bool = False
 
     __module__ = _PUBLIC_MODULE
 
@@ -40,13 +43,22 @@ class WorkerContext:
     (``seq``: its position in the epoch) and its dataset ``indices``, and the sample
     that raised (``culprit``) where conveyor can tell."""
 
+    #: The worker's id (None: the main process, ``num_workers=0``).
     worker_id: int | None
+    #: The worker's process id (None: the main process).
     pid: int | None
-    stage: str  # "worker_init" | "fetch" | "collate" | "transfer" | "decode"
+    #: What it was doing: ``"worker_init"``, ``"fetch"``, ``"collate"``, ``"transfer"``
+    #: or ``"decode"``.
+    stage: str
+    #: The dataset indices of the batch.
     indices: tuple[Any, ...] = ()
+    #: The worker's traceback, as text.
     traceback: str = ""
+    #: The epoch the batch belongs to.
     epoch: int = 0
+    #: The batch's position in the epoch (-1: none, e.g. at start-up).
     seq: int = -1
+    #: The sample that raised, where conveyor can tell.
     culprit: Culprit | None = None
 
     __module__ = _PUBLIC_MODULE

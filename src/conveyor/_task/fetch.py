@@ -13,6 +13,19 @@ from typing import Any
 from conveyor.errors import Culprit
 
 _WHOLE_BATCH = Culprit(whole_batch=True)
+StopCheck = Callable[[], bool]  # asked before each sample: has the worker been told to stop?
+
+
+class StopRequested(BaseException):
+    """Raised between two samples when the worker was told to stop (the interpreter's
+    exit, teardown): the batch it was building is abandoned. A BaseException, so that no
+    ``except Exception`` of a fetch loop takes it for the dataset's own failure."""
+
+
+def check_stop(stop: StopCheck | None) -> None:
+    """At a sample boundary: raise :class:`StopRequested` if the worker must stop."""
+    if stop is not None and stop():
+        raise StopRequested
 
 
 class FetchError(Exception):
@@ -51,8 +64,9 @@ class MapFetcher:
         """The dataset fetches a batch at once (``__getitems__``)."""
         return self._getitems is not None
 
-    def fetch(self, index: Any) -> Any:
-        """The samples of ``index``; a :class:`FetchError` if the dataset raises."""
+    def fetch(self, index: Any, stop: StopCheck | None = None) -> Any:
+        """The samples of ``index``; a :class:`FetchError` if the dataset raises, a
+        :class:`StopRequested` if ``stop`` says so before one of them."""
         if not self.auto_collation:
             try:
                 return self.dataset[index]
@@ -66,6 +80,7 @@ class MapFetcher:
         dataset = self.dataset
         samples = []
         for i in index:  # one by one, so that a failure names its sample
+            check_stop(stop)
             try:
                 samples.append(dataset[i])
             except Exception as exc:
@@ -79,6 +94,7 @@ class MapFetcher:
         exclude: tuple[Any, ...] = (),
         tolerate: bool = False,
         on_position: Callable[[int], None] | None = None,
+        stop: StopCheck | None = None,
     ) -> tuple[list[Any], list[Any], list[tuple[Any, Exception]]]:
         """Fetch sample by sample: slower, but says which one failed.
 
@@ -92,6 +108,7 @@ class MapFetcher:
         for position, i in enumerate(index):
             if i in exclude:
                 continue
+            check_stop(stop)
             if on_position is not None:
                 on_position(position)
             try:
@@ -143,7 +160,7 @@ class IterableFetcher:
         except Exception as exc:  # raised by the first fetch, as torch's worker does
             self.iterator, self.init_error = iter(()), exc
 
-    def fetch(self, index: Any) -> Any:
+    def fetch(self, index: Any, stop: StopCheck | None = None) -> Any:
         if self.init_error is not None:
             error, self.init_error = self.init_error, None
             self.ended = True
@@ -155,6 +172,7 @@ class IterableFetcher:
         iterator = self.iterator
         try:
             for _ in range(wanted):
+                check_stop(stop)
                 data.append(next(iterator))
         except StopIteration:
             self.ended = True

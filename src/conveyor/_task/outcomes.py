@@ -18,6 +18,7 @@ from conveyor.errors import CollateError, Culprit
 
 __all__ = [
     "UNWATCHED",
+    "Abandoned",
     "Collated",
     "Exhausted",
     "Failed",
@@ -31,11 +32,14 @@ __all__ = [
 
 class Watcher(Protocol):
     """Told where the runner is: its stage, and on a traced retry which sample (a
-    worker's status page watches)."""
+    worker's status page watches); asked, before each sample, whether the worker has
+    been told to stop."""
 
     def stage(self, stage: Stage) -> None: ...
 
     def position(self, position: int) -> None: ...
+
+    def stop_requested(self) -> bool: ...
 
 
 class _Unwatched:
@@ -44,6 +48,9 @@ class _Unwatched:
 
     def position(self, position: int) -> None:
         pass
+
+    def stop_requested(self) -> bool:
+        return False
 
 
 UNWATCHED: Watcher = _Unwatched()
@@ -84,7 +91,13 @@ class Exhausted:
     """An iterable-style dataset's iterator can give no further batch this epoch."""
 
 
-TaskOutcome = Collated | NothingLeft | Failed | Exhausted
+@dataclass(frozen=True)
+class Abandoned:
+    """The worker was told to stop (the interpreter's exit, teardown) between two samples:
+    the batch it was building is dropped, and nothing answers the task."""
+
+
+TaskOutcome = Collated | NothingLeft | Failed | Exhausted | Abandoned
 
 
 def batch_failed(

@@ -23,11 +23,14 @@ from conveyor._task.fetch import (
     FetchError,
     IterableFetcher,
     MapFetcher,
+    StopCheck,
+    StopRequested,
     batch_indices,
     stop_in_getitem,
 )
 from conveyor._task.outcomes import (
     UNWATCHED,
+    Abandoned,
     Collated,
     Exhausted,
     Failed,
@@ -44,6 +47,7 @@ from conveyor.sampling._reseed import Reseed
 from conveyor.stateful import is_stateful, load_into, save_of
 
 __all__ = [
+    "Abandoned",
     "Collated",
     "Exhausted",
     "Failed",
@@ -131,7 +135,10 @@ class TaskRunner:
         """One task. ``exclude`` leaves dataset indices out without fetching them;
         ``trace`` reports each sample's position before fetching it (a retry
         after a crash, to name the sample that kills the worker); ``reseed``
-        seeds the random generators before the batch or each sample."""
+        seeds the random generators before the batch or each sample. Before each
+        sample, and before collating, the ``watcher`` is asked whether the worker was
+        told to stop: then the batch is :class:`Abandoned` (a thread worker at the
+        interpreter's exit waits for one sample, not for a whole batch)."""
         started = time.monotonic()
         self.fetch_s = self.collate_s = 0.0
         indices = None if self.iterable else batch_indices(index, self.auto_collation)
@@ -139,18 +146,27 @@ class TaskRunner:
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
         on_position = _position_hook(watcher if trace else None, reseed)
+        stop = watcher.stop_requested
         fetched: _task_stream.Streamed | _Fetched | TaskOutcome
-        streaming = self._streaming(indices, exclude, collating)
-        if streaming is not None:
-            assert indices is not None
-            fetched = _task_stream.stream(
-                self.dataset, streaming, indices, exclude, on_position, skip_errors=self.skip_errors
-            )
-        else:
-            one_by_one = bool(trace or exclude or per_sample)
-            fetched = self._fetch(index, indices, exclude, one_by_one, on_position, reseed)
+        try:
+            streaming = self._streaming(indices, exclude, collating)
+            if streaming is not None:
+                assert indices is not None
+                fetched = _task_stream.stream(
+                    self.dataset, streaming, indices, exclude, on_position,
+                    skip_errors=self.skip_errors, stop=stop,
+                )  # fmt: skip
+            else:
+                one_by_one = bool(trace or exclude or per_sample)
+                fetched = self._fetch(
+                    index, indices, exclude, one_by_one, on_position, reseed, stop
+                )
+        except StopRequested:
+            return Abandoned()
         if not isinstance(fetched, (_task_stream.Streamed, _Fetched)):
             return fetched
+        if stop():  # past the last sample: no collate either
+            return Abandoned()
         collating_from = time.monotonic()
         self.fetch_s = collating_from - started
         watcher.stage(Stage.COLLATE)
@@ -172,6 +188,7 @@ class TaskRunner:
         one_by_one: bool,
         on_position: Callable[[int], None] | None,
         reseed: Reseed | None,
+        stop: StopCheck,
     ) -> _Fetched | TaskOutcome:
         """The batch's samples, fetched at once or (``one_by_one``, or to leave failing
         ones out) one at a time; or the outcome that ends the task."""
@@ -183,7 +200,7 @@ class TaskRunner:
                 # Skipping needs to know which sample failed, but samples rarely fail:
                 # fetch the batch at once, and one by one only when it raises.
                 try:
-                    data = fetcher.fetch(index)
+                    data = fetcher.fetch(index, stop)
                 except Exception:
                     if reseed is not None:
                         reseed.before_batch(items=False)  # the draws a clean pass makes
@@ -194,14 +211,15 @@ class TaskRunner:
             ):
                 assert indices is not None
                 samples, indices, failed = fetcher.fetch_each(
-                    indices, exclude=exclude, tolerate=self.skip_errors, on_position=on_position
-                )
+                    indices, exclude=exclude, tolerate=self.skip_errors,
+                    on_position=on_position, stop=stop,
+                )  # fmt: skip
                 left_out = tuple(LeftOut(i, Stage.FETCH, e) for i, e in failed)
                 if not samples:
                     return NothingLeft(left_out)
                 data = samples if self.auto_collation else samples[0]
             elif data is _NOT_FETCHED:
-                data = fetcher.fetch(index)
+                data = fetcher.fetch(index, stop)
         except StopIteration as exc:
             if self.iterable:
                 return Exhausted()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor._task.fetch import stop_in_getitem
+from conveyor._task.fetch import StopCheck, check_stop, stop_in_getitem
 from conveyor._task.outcomes import (
     Collated,
     Failed,
@@ -49,17 +49,20 @@ def stream(
     on_position: Callable[[int], None] | None,
     *,
     skip_errors: bool,
+    stop: StopCheck | None = None,
 ) -> Streamed | NothingLeft | Failed:
     """Fetch each sample and write it into its row at once (see collate/_rows.py): what
     was fetched, or the failure that ends the batch. From the first sample that does
     not fit the batch's plan on, samples are kept as they are (those before rebuilt
-    from their rows), and the batch is collated as before."""
+    from their rows), and the batch is collated as before. ``stop`` is asked before
+    each sample (:class:`~conveyor._task.fetch.StopRequested` ends the batch)."""
     write = batch.write
     wanted = [(p, i) for p, i in enumerate(indices) if i not in exclude] if exclude else None
     left_out: list[LeftOut] = []
     skipped: set[int] = set()  # their positions
     rest: list[Any] | None = None  # samples collated as before, once one did not fit
     for position, i in wanted if wanted is not None else enumerate(indices):
+        check_stop(stop)
         if on_position is not None:
             on_position(position)
         try:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from conveyor import _torch
-from conveyor import sampling as conveyors
 from conveyor.diagnostics import environment
+from conveyor.sampling import _defaults
 
 __all__ = ["Sampling", "sampling", "start_context", "too_many_workers", "worker_arguments"]
 
@@ -124,38 +123,16 @@ def sampling(
         raise ValueError(
             "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
         )
-    if sampler is None:
-        sampler = _default_sampler(dataset, iterable, bool(shuffle), generator)
-    if batch_size is not None and batch_sampler is None:
-        torch = _torch.load()
-        batch_sampler = (torch.utils.data if torch is not None else conveyors).BatchSampler(
-            sampler, batch_size, drop_last
-        )
-    return Sampling(sampler, batch_sampler, batch_size, drop_last)
-
-
-def _default_sampler(dataset: Any, iterable: bool, shuffle: bool, generator: Any) -> Any:
-    """The sampler torch's loader makes for these arguments, of torch's own class when
-    torch is here: frameworks check ``type(loader.sampler) is ...`` and rebuild a loader
-    from what they see (docs/frameworks.md). conveyor keeps what it adds beside it (the
-    resumable pass over the batches: ``conveyor.sampling.batches``). A ``generator`` only
-    conveyor takes (a NumPy generator, an int seed) gets conveyor's ``RandomSampler``,
-    which draws from it."""
-    torch = _torch.load()
-    if torch is None:
+    if sampler is None:  # torch's own classes, as torch's loader makes them (_defaults)
         if iterable:
-            return conveyors.InfiniteConstantSampler()
-        if shuffle:
-            return conveyors.RandomSampler(dataset, generator=generator)
-        return conveyors.SequentialSampler(dataset)
-    data = torch.utils.data
-    if iterable:
-        return data.dataloader._InfiniteConstantSampler()
-    if not shuffle:
-        return data.SequentialSampler(dataset)
-    if generator is None or isinstance(generator, torch.Generator):
-        return data.RandomSampler(dataset, generator=generator)
-    return conveyors.RandomSampler(dataset, generator=generator)
+            sampler = _defaults.endless()
+        elif shuffle:
+            sampler = _defaults.shuffled(dataset, generator)
+        else:
+            sampler = _defaults.sequential(dataset)
+    if batch_size is not None and batch_sampler is None:
+        batch_sampler = _defaults.batches(sampler, batch_size, drop_last)
+    return Sampling(sampler, batch_sampler, batch_size, drop_last)
 
 
 def _no_sampling_for_iterables(shuffle: bool | None, sampler: Any, batch_sampler: Any) -> None:

@@ -41,6 +41,7 @@ from .._task.protocol import (
     builder,
 )
 from .._task.runner import (
+    Abandoned,
     Collated,
     Exhausted,
     Failed,
@@ -219,12 +220,16 @@ class WorkerCore:
         with kept_global_rngs(with_torch=self._owns_process):
             replay(self.user.dataset, calls)
 
-    def _task(self, task: Task) -> TaskReply:
+    def _task(self, task: Task) -> TaskReply | object:
+        """A task's reply; :data:`STOP` when the core was told to stop in the middle of
+        it (its batch is abandoned: nobody wants it)."""
         if (failed := self._call_failed) is not None:
             self._call_failed = None
             return TaskFailed(task.epoch, task.seq, Stage.FETCH, capture(failed))
         started = time.monotonic()
         outcome, epoch_state = self._outcome(task)
+        if isinstance(outcome, Abandoned):
+            return STOP
         reply = self._reply(task, outcome, started)
         if task.want_state or epoch_state is not None:
             state = self._pickled_state() if task.want_state else None
@@ -318,6 +323,8 @@ class WorkerCore:
                 return TaskFailed(task.epoch, task.seq, stage, capture(error), culprit=culprit)
             case Exhausted():
                 return IterationEnded(task.epoch, task.seq)
+            case Abandoned():
+                raise AssertionError("unreachable: an abandoned task has no reply")
             case Collated():
                 raise AssertionError("unreachable: a collated batch was encoded above")
             case _:

@@ -1,5 +1,8 @@
-"""Hold Ctrl-C back while a step that must not be cut in half runs (starting a worker
-process, tearing workers down), then act on it."""
+"""Ctrl-C and the loader: hold it back while a step that must not be cut in half runs
+(starting a worker process, tearing workers down), then act on it; and remember that one
+passed through a loader (:func:`note_interrupt`): the user wants out, so the
+interpreter's exit waits for thread workers a second at most (thread_exit.py), whether
+the script caught the ``KeyboardInterrupt`` (as Lightning does, to tear down) or not."""
 
 from __future__ import annotations
 
@@ -9,6 +12,22 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+
+__all__ = ["interrupted", "interrupts_deferred", "note_interrupt"]
+
+_interrupted = False  # a KeyboardInterrupt passed through a loader of this process
+
+
+def note_interrupt() -> None:
+    """A ``KeyboardInterrupt`` is passing through a loader's iteration (caught later or
+    not, it means the user wants out)."""
+    global _interrupted
+    _interrupted = True
+
+
+def interrupted() -> bool:
+    """Whether a ``KeyboardInterrupt`` has passed through a loader of this process."""
+    return _interrupted
 
 
 @contextlib.contextmanager

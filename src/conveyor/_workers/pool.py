@@ -41,8 +41,8 @@ from .spec import UserObjects, WorkerSpec
 from .stacks import blame_cores, crashed_core
 from .start import modules_to_preload
 from .start_method import StartMethod
-from .status import read_status, request_stop
-from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants
+from .status import read_status
+from .teardown import TERMINATE_GRACE_S, escalate, kill_descendants, stop_for_good
 from .user_objects import serialize_once
 
 _RESULT, _DEATH = "result", "death"  # what a watched descriptor is
@@ -300,17 +300,19 @@ class WorkerPool(Readings):
         self._specs.append(spec)  # (once started: a start that fails adds nothing)
 
     def retire(self, worker_id: int) -> None:
-        """Stop a worker that has no task left, for good (it is not replaced)."""
+        """Stop a worker that has no task left, for good (it is not replaced); whole, or
+        teardown would not find a worker let go but not stopped."""
         worker = self._workers[worker_id]
-        self._let_go.add(worker_id)
-        self._serving_now = None
-        with contextlib.suppress(OSError, ValueError):
-            worker.outbox.send(Stop())
-        escalate([worker])
-        self._unwatch(worker)
-        kill_descendants(worker.pid)
-        release(worker)
-        self._retired.append(worker)  # its batches the user holds stay readable
+        with interrupts_deferred():
+            self._let_go.add(worker_id)
+            self._serving_now = None
+            with contextlib.suppress(OSError, ValueError):
+                worker.outbox.send(Stop())
+            escalate([worker])
+            self._unwatch(worker)
+            kill_descendants(worker.pid)
+            release(worker)
+            self._retired.append(worker)  # its batches the user holds stay readable
 
     def _serving(self) -> list[Worker]:
         """The workers not let go (asked for several times a batch: kept until they change)."""
@@ -332,14 +334,17 @@ class WorkerPool(Readings):
         if host.process.exitcode is None:
             host.process.kill()
             host.process.join()
-        kill_descendants(host.pid)
-        for core in host.cores:
-            old = self._workers[core]
-            self._unwatch(old)
-            release(old)
-            self._retired.append(old)
-            self._dead.discard(core)
-        self._start([self._specs[core] for core in host.cores])
+        # As one step: a Ctrl-C in between left released workers in the pool (teardown
+        # stumbled on their closed process objects, and left the others running).
+        with interrupts_deferred():
+            kill_descendants(host.pid)
+            for core in host.cores:
+                old = self._workers[core]
+                self._unwatch(old)
+                release(old)
+                self._retired.append(old)
+                self._dead.discard(core)
+            self._start([self._specs[core] for core in host.cores])
 
     def kill(self, worker_id: int) -> None:
         """Kill a stuck worker; its sentinel then reports it like any death."""
@@ -353,29 +358,18 @@ class WorkerPool(Readings):
         """Stop every worker and what they started, then free their resources; safe
         to call twice. A Ctrl-C meanwhile is held back until teardown is complete
         (it takes a few seconds at most), so nothing is left behind by it."""
-        if self._closed:
-            return
-        self._closed = True
-        if os.getpid() != self._owner_pid:
-            # A forked child (one of ours, or another library's) inherited this
-            # pool; the workers are not its children. Leave them to their owner.
-            return
-        with interrupts_deferred():
+        with interrupts_deferred():  # (from the first line: marked closed, it is torn down)
+            if self._closed:
+                return
+            self._closed = True
+            if os.getpid() != self._owner_pid:
+                # A forked child (one of ours, or another library's) inherited this
+                # pool; the workers are not its children. Leave them to their owner.
+                return
             self._teardown()
 
     def _teardown(self) -> None:
-        serving = self._serving()
-        for worker in serving:
-            with contextlib.suppress(TypeError, ValueError):  # its page already let go
-                request_stop(worker.arena.status_page)  # no task it has not begun
-            with contextlib.suppress(OSError, ValueError):  # already gone
-                worker.outbox.send(Stop())  # wakes a worker waiting for its next task
-        escalate(serving)  # (cores sharing a process: it is stopped once)
-        for worker in serving:
-            self._unwatch(worker)
-            kill_descendants(worker.pid)
-            release(worker)
-            worker.arena.drop_maps()
+        stop_for_good(self._serving(), self._unwatch)
         for worker in self._retired:
             worker.arena.drop_maps()
         self._retired.clear()

@@ -67,18 +67,21 @@ class WorkerRng:
 
     @property
     def random_generator(self) -> random.Random:
+        """This worker's ``random.Random``."""
         if self._random is None:
             self._random = random.Random(self._seeds[0])
         return self._random
 
     @property
     def numpy_generator(self) -> np.random.Generator:
+        """This worker's ``numpy.random.Generator``."""
         if self._numpy is None:
             self._numpy = np.random.Generator(np.random.PCG64(self._seeds[1]))
         return self._numpy
 
     @property
     def torch_generator(self) -> Any:
+        """This worker's ``torch.Generator`` (on the CPU)."""
         if self._torch is None:
             import torch
 
@@ -92,19 +95,28 @@ class WorkerRng:
 class WorkerInfo:
     """Describes the worker running the current code (torch 2.13's fields).
 
-    ``dataset`` is this worker's own copy of the dataset: under ``spawn`` and
-    ``forkserver`` it is a different object from the one in the main process.
+    ``id`` is this worker's (0 to ``num_workers - 1``), ``seed`` its seed (the
+    loader's base seed plus ``id``, as torch's). ``dataset`` is this worker's own copy
+    of the dataset: under ``spawn`` and ``forkserver`` it is a different object from
+    the one in the main process.
     ``rng`` holds this worker's own generators (``random_generator``,
     ``numpy_generator``, ``torch_generator``), seeded like the worker and reseeded
     with ``reseed``: draw from them and the draws are the same for every kind of
     worker. ``worker_method`` is ``"multiprocessing"`` or ``"thread"``, as torch's.
     """
 
+    #: This worker's id, from 0 to ``num_workers - 1``.
     id: int
+    #: How many workers the loader has.
     num_workers: int
+    #: This worker's seed: the loader's base seed plus ``id``, as torch's.
     seed: int
+    #: This worker's own copy of the dataset.
     dataset: Any
+    #: This worker's own generators (``random_generator``, ``numpy_generator``,
+    #: ``torch_generator``).
     rng: WorkerRng | None = None
+    #: ``"multiprocessing"`` or ``"thread"``, as torch's.
     worker_method: str = "multiprocessing"
 
 

@@ -1,8 +1,10 @@
 """Stopping worker processes for sure, and what they started.
 
-Teardown escalates: ask (the stop flag and a Stop, sent by the pool), wait on the
-process sentinels while draining what workers still send, SIGTERM the ones still
-there, wait, SIGKILL. Then whatever a worker started (its process group) is killed.
+Teardown escalates: ask (the stop flag, which a worker sees before its next task and
+its next sample, and a Stop, which wakes one waiting for a task), wait on the process
+sentinels while draining what workers still send, SIGTERM the ones still there, wait,
+SIGKILL. Then whatever a worker started (its process group) is killed, and the main
+process's ends of each are closed (:func:`stop_for_good`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-__all__ = ["STOP_GRACE_S", "TERMINATE_GRACE_S", "escalate", "kill_descendants"]
+from .._task.protocol import Stop
+from .process import Worker, release
+from .status import request_stop
+
+__all__ = ["STOP_GRACE_S", "TERMINATE_GRACE_S", "escalate", "kill_descendants", "stop_for_good"]
 
 STOP_GRACE_S = 2.0
 TERMINATE_GRACE_S = 1.0
@@ -32,6 +38,22 @@ class Stopping(Protocol):
     def results(self) -> Any: ...  # its result pipe (a Connection)
     @property
     def outbox(self) -> Any: ...  # its task pipe's queue (outbox.Outbox)
+
+
+def stop_for_good(workers: Sequence[Worker], unwatch: Callable[[Worker], None]) -> None:
+    """Ask every worker to stop, :func:`escalate`, then (``unwatch`` first: the pool's
+    selector lets go of them) kill what each started and close the main process's ends."""
+    for worker in workers:
+        with contextlib.suppress(TypeError, ValueError):  # its page already let go
+            request_stop(worker.arena.status_page)  # no task, nor sample, it has not begun
+        with contextlib.suppress(OSError, ValueError):  # already gone
+            worker.outbox.send(Stop())  # wakes a worker waiting for its next task
+    escalate(workers)  # (cores sharing a process: it is stopped once)
+    for worker in workers:
+        unwatch(worker)
+        kill_descendants(worker.pid)
+        release(worker)
+        worker.arena.drop_maps()
 
 
 def escalate(workers: Sequence[Stopping]) -> None:

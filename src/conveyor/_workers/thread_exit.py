@@ -9,15 +9,18 @@ without an active exception``, SIGABRT, exit status 134, whatever the script mea
 
 So at exit (an ``atexit`` hook: the interpreter is still whole) every thread worker is
 told to stop, and the interpreter waits for each to finish the sample it is running:
-it starts no other, and then it has left the user's code for good. The wait is bounded
+it starts no other (the batch it was building is abandoned at that sample boundary: see
+``TaskRunner.run``), and then it has left the user's code for good. The wait is bounded
 by the loader's ``timeout``, counted from the sample's start: a thread past it is
 stuck, and is left (it may be in a dead network read, where being ended is harmless).
 Threads already abandoned as stuck are not waited for. Without a ``timeout`` the wait
 has no bound, as ``concurrent.futures`` waits for its threads; after
 :data:`EXIT_NOTICE_S` it says, on the ``conveyor`` logger, which thread it waits for,
-where it is, and how to end the wait (Ctrl-C, or a ``timeout``). A program ending on
-Ctrl-C (an uncaught ``KeyboardInterrupt``) wants out now: it waits
-:data:`INTERRUPTED_EXIT_S` at most.
+where it is, and how to end the wait (Ctrl-C, or a ``timeout``). A program whose user
+pressed Ctrl-C wants out now: once a ``KeyboardInterrupt`` has passed through a loader's
+iteration (caught by the script, as Lightning catches it to tear down, or not), or the
+program ends on an uncaught one, the exit waits :data:`INTERRUPTED_EXIT_S` at most, and
+says on the ``conveyor`` logger which threads it left, and where they were.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import traceback
 import weakref
 from typing import Protocol
 
+from . import interrupts
 from .status import MemoryStatus
 
 __all__ = ["EXIT_NOTICE_S", "abandoned_alive", "finish_at_exit", "track"]
@@ -83,9 +87,12 @@ def _deadline(worker: ThreadWorker, now: float, interrupted: bool) -> float | No
     return min(started + worker.timeout, until or float("inf"))
 
 
-def _ending_on_ctrl_c() -> bool:
-    """The program ends on an uncaught KeyboardInterrupt (the interpreter printed it
-    before its exit, keeping it as ``sys.last_exc``, ``sys.last_value`` before 3.12)."""
+def _wants_out() -> bool:
+    """The user pressed Ctrl-C: a KeyboardInterrupt passed through a loader (caught or
+    not), or the program ends on an uncaught one (the interpreter printed it before its
+    exit, keeping it as ``sys.last_exc``, ``sys.last_value`` before 3.12)."""
+    if interrupts.interrupted():
+        return True
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     return isinstance(last, KeyboardInterrupt)
 
@@ -99,7 +106,7 @@ def finish_at_exit(notice_after: float = EXIT_NOTICE_S) -> None:
         return
     for worker in workers:
         worker.stop()
-    now, interrupted = time.monotonic(), _ending_on_ctrl_c()
+    now, interrupted = time.monotonic(), _wants_out()
     deadlines = {id(w): _deadline(w, now, interrupted) for w in workers}
     notice_at = now + notice_after
     told = False

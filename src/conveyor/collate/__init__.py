@@ -4,8 +4,8 @@ With torch installed, the results are those of ``torch.utils.data.default_collat
 and ``default_convert``; without it, leaves become NumPy arrays, as
 :func:`numpy_collate` always makes them. When collation fails, the error names
 the field path, the dataset indices (see :func:`collate_context`), the shapes,
-types or key sets involved, and the fix. It is a :class:`CollateError` that is
-also the built-in type torch raises for the same mistake.
+types or key sets involved, and the fix. It is a :class:`~conveyor.errors.CollateError`
+that is also the built-in type torch raises for the same mistake.
 
 A collate function registered for a type is honoured before the built-in rules,
 as torch's ``collate`` honours it: in torch's

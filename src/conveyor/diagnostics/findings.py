@@ -21,21 +21,21 @@ _WIDTH = 88
 class Severity(enum.IntEnum):
     """How bad a finding is. The values are :mod:`logging`'s levels."""
 
-    INFO = 20  # worth knowing; nothing to fix
-    WARNING = 30  # works, but wrongly or slowly: fix it
-    ERROR = 40  # fails, corrupts data or deadlocks: the loader refuses to start
+    INFO = 20  #: worth knowing; nothing to fix
+    WARNING = 30  #: works, but wrongly or slowly: fix it
+    ERROR = 40  #: fails, corrupts data or deadlocks: the loader refuses to start
 
 
 @dataclass(frozen=True)
 class Finding:
     """One problem: ``what`` is wrong, ``where``, ``why`` it matters, and the ``fix``."""
 
-    code: str
-    severity: Severity
-    where: str
-    what: str
-    why: str
-    fix: str
+    code: str  #: a stable short name, such as ``shared-sqlite``
+    severity: Severity  #: how bad it is
+    where: str  #: an attribute path (``dataset.db.conn``), or ``environment``
+    what: str  #: what is wrong
+    why: str  #: why it matters
+    fix: str  #: how to fix it
 
     def message(self) -> str:
         """One paragraph: what (where). Why. Fix: how."""
@@ -52,23 +52,27 @@ class Report:
     (INFO findings are for reading).
     """
 
-    findings: tuple[Finding, ...] = ()
-    subject: str = ""
+    findings: tuple[Finding, ...] = ()  #: every finding, worst first
+    subject: str = ""  #: what was checked
 
     @property
     def errors(self) -> tuple[Finding, ...]:
+        """The ERROR findings: the loader refuses to start."""
         return self._at(Severity.ERROR)
 
     @property
     def warnings(self) -> tuple[Finding, ...]:
+        """The WARNING findings: it works, but wrongly or slowly."""
         return self._at(Severity.WARNING)
 
     @property
     def infos(self) -> tuple[Finding, ...]:
+        """The INFO findings: worth knowing, nothing to fix."""
         return self._at(Severity.INFO)
 
     @property
     def ok(self) -> bool:
+        """True when nothing needs fixing: no error, no warning."""
         return not self.errors and not self.warnings
 
     def codes(self) -> list[str]:

@@ -141,6 +141,8 @@ else:
         ``skip_first_batches``) keep a conveyor loader loading with conveyor."""
 
         def prepare_data_loader(self, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
+            """accelerate's, then a conveyor loader in place of the torch one it built
+            (other loaders: accelerate's alone)."""
             if not _unprepared(data_loader):
                 return super().prepare_data_loader(data_loader, *args, **kwargs)
             with prepared_by_conveyor(data_loader), _stateful_by_conveyor(self) as stateful:
@@ -148,6 +150,8 @@ else:
             return _loading_with(data_loader, prepared, stateful)
 
         def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+            """accelerate's, loading with conveyor: the prepared loader without its
+            first ``num_batches`` batches."""
             # accelerate builds torch's loader again, from the prepared one's attributes
             # (those of the conveyor loader within): a twin of that conveyor loader.
             skipped = super().skip_first_batches(dataloader, num_batches)

@@ -37,7 +37,8 @@ class AcceleratePrepared:
             return self
         state = loader.__dict__
         prepared = state.get(_PREPARED, False)
-        if not prepared and not state.get(_OURS) and not state.get(_WARNED) and _from_accelerate():
+        quiet = prepared or state.get(_OURS) or state.get(_WARNED)
+        if not quiet and _from_accelerate() and not _accelerate_builds_conveyors():
             state[_WARNED] = True
             warnings.warn(_message(loader), LoaderReplacedWarning, stacklevel=_callers_level())
         return prepared
@@ -88,6 +89,15 @@ def _changed_options(loader: Any) -> str:
 def _from_accelerate() -> bool:
     """Whether accelerate itself asks (not a debugger or a tool listing attributes)."""
     return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("accelerate.")
+
+
+def _accelerate_builds_conveyors() -> bool:
+    """accelerate's name ``DataLoader`` is conveyor's class (code that put conveyor in
+    torch's place before importing accelerate, as tools/accelerate_suite.py does): then
+    nothing is replaced."""
+    built = getattr(sys.modules.get("accelerate.data_loader"), "DataLoader", None)
+    mro = getattr(built, "__mro__", ())
+    return any(kind.__module__ == "conveyor.loader" for kind in mro)
 
 
 def _callers_level() -> int:

@@ -22,19 +22,24 @@ MIB = 1 << 20
 
 
 class Cause(str, Enum):
-    TRAINING = "training"  # the loop never waits: loading is not the bottleneck
-    MAIN_PROCESS = "main-process"  # workers idle, the main process rebuilds or pins
-    COLLATE = "collate"  # workers busy, mostly in collate_fn
-    WAITING = "waiting"  # workers busy, mostly waiting (I/O): their CPU is idle
-    FETCH = "fetch"  # workers busy computing samples: more workers would help
-    CORES = "cores"  # ... and every core this process may use is already working
-    UNKNOWN = "unknown"  # too little measured yet
+    """What holds the training loop back (``Verdict.cause``); a string, such as
+    ``"collate"``, to log or compare."""
+
+    TRAINING = "training"  #: the loop never waits: loading is not the bottleneck
+    MAIN_PROCESS = "main-process"  #: workers idle, the main process rebuilds or pins
+    COLLATE = "collate"  #: workers busy, mostly in collate_fn
+    WAITING = "waiting"  #: workers busy, mostly waiting (I/O): their CPU is idle
+    FETCH = "fetch"  #: workers busy computing samples: more workers would help
+    CORES = "cores"  #: ... and every core this process may use is already working
+    UNKNOWN = "unknown"  #: too little measured yet
 
 
 @dataclass(frozen=True)
 class Verdict:
-    cause: Cause
-    text: str  # what holds the loop back, the figures, and what to do
+    """What ``DataLoader.diagnose()`` concludes: ``str(verdict)`` is its text."""
+
+    cause: Cause  #: the stage that holds the training loop back
+    text: str  #: what holds the loop back, the figures, and what to do
 
     def __str__(self) -> str:
         return self.text

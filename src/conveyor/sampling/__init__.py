@@ -77,7 +77,7 @@ class Sampler(*_torch_twin("Sampler"), Generic[_T_co]):  # type: ignore[misc]
 class SequentialSampler(*_torch_twin("SequentialSampler"), Sampler[int]):  # type: ignore[misc]
     """Yields ``0, 1, ..., len(data_source) - 1``."""
 
-    data_source: Sized
+    data_source: Sized  #: what is sampled (only its ``len()`` is used)
 
     def __init__(self, data_source: Sized) -> None:
         self.data_source = data_source
@@ -98,8 +98,8 @@ class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler
     drawn from torch's global RNG when iteration starts.
     """
 
-    data_source: Sized
-    replacement: bool
+    data_source: Sized  #: what is sampled (only its ``len()`` is used)
+    replacement: bool  #: draw each index independently (an index may repeat)
 
     def __init__(
         self,
@@ -124,6 +124,7 @@ class RandomSampler(_draws.UsesGenerator, *_torch_twin("RandomSampler"), Sampler
 
     @property
     def num_samples(self) -> int:
+        """Indices an epoch yields: ``num_samples`` as given, else ``len(data_source)``."""
         if self._num_samples is None:
             return len(self.data_source)
         return self._num_samples
@@ -152,7 +153,7 @@ class SubsetRandomSampler(
 ):
     """Yields the elements of ``indices`` in random order."""
 
-    indices: Sequence[int]
+    indices: Sequence[int]  #: the indices to yield, shuffled
 
     def __init__(self, indices: Sequence[int], generator: Any = None) -> None:
         self.indices = indices
@@ -177,9 +178,9 @@ class WeightedRandomSampler(
     (as torch does), else as a float64 NumPy array.
     """
 
-    weights: Any
-    num_samples: int
-    replacement: bool
+    weights: Any  #: one weight per index, float64 (a tensor with torch, else an array)
+    num_samples: int  #: indices an epoch yields
+    replacement: bool  #: draw each index independently (an index may repeat)
 
     def __init__(
         self,
@@ -258,12 +259,20 @@ class BatchIterator(Iterator[list[int]]):
         self._owner = batch_sampler
         self._size = batch_sampler.batch_size
         self._drop_last = batch_sampler.drop_last
-        self._indices: Iterator[int] = iter(batch_sampler.sampler)
+        # iter(sampler) when first needed, as torch's generator opens it at the first
+        # batch: a sampler that draws in __iter__ draws after the loader's base seed.
+        self._opened: Iterator[int] | None = None
         self.samples_yielded = 0
 
     @property
+    def _indices(self) -> Iterator[int]:
+        if self._opened is None:
+            self._opened = iter(self._owner.sampler)
+        return self._opened
+
+    @property
     def inner_stateful(self) -> bool:
-        """The wrapped sampler or its iterator keeps a state of its own."""
+        """The wrapped sampler or its iterator keeps a state of its own (asking opens it)."""
         return is_stateful(self._owner.sampler) or is_stateful(self._indices)
 
     def __iter__(self) -> BatchIterator:
@@ -277,6 +286,7 @@ class BatchIterator(Iterator[list[int]]):
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """The samples yielded so far, and the wrapped sampler's and iterator's states."""
         state: dict[str, Any] = {"samples_yielded": self.samples_yielded}
         if is_stateful(self._owner.sampler):
             state["sampler_state"] = cast(Any, self._owner.sampler).state_dict()
@@ -285,11 +295,12 @@ class BatchIterator(Iterator[list[int]]):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the samples ``state`` says were yielded."""
         sampler = self._owner.sampler
         self.samples_yielded = int(state["samples_yielded"])
         if "sampler_state" in state and is_stateful(sampler):
             sampler.load_state_dict(state["sampler_state"])  # type: ignore[union-attr]
-        self._indices = iter(sampler)
+        self._opened = iter(sampler)
         if "sampler_iter_state" in state and is_stateful(self._indices):
             cast(Any, self._indices).load_state_dict(state["sampler_iter_state"])
         elif not (is_stateful(sampler) or is_stateful(self._indices)):
@@ -303,37 +314,3 @@ class InfiniteConstantSampler(Sampler[None]):
 
     def __iter__(self) -> Iterator[None]:
         return itertools.repeat(None)
-
-
-# --- what the loop asks of a sampler ---------------------------------------------
-
-
-def _twins(name: str) -> tuple[type, ...]:
-    """conveyor's class of that name, and torch's when torch is here."""
-    ours: type = globals()[name]
-    return (ours, getattr(torch.utils.data, name)) if torch is not None else (ours,)
-
-
-def plain_batches(index_sampler: Any) -> bool:
-    """Whether ``index_sampler`` is torch's own ``BatchSampler`` or conveyor's (exactly:
-    a subclass may batch otherwise), whose batches are runs of its sampler's outputs."""
-    return type(index_sampler) in _twins("BatchSampler")
-
-
-def batches(index_sampler: Any) -> Iterator[Any]:
-    """One pass of ``index_sampler``: for a plain batch sampler (torch's, which a loader
-    built from ``batch_size`` holds as torch's would, or conveyor's) a resumable
-    :class:`BatchIterator` kept beside it, so that checkpoints reach a stateful sampler
-    inside it; any other sampler's own iterator."""
-    if plain_batches(index_sampler):
-        return BatchIterator(index_sampler)
-    return iter(index_sampler)
-
-
-def consecutive_batches(index_sampler: Any) -> bool:
-    """Whether every batch ``index_sampler`` yields is a run of consecutive ints: a plain
-    batch sampler over a ``SequentialSampler`` (torch's or conveyor's: the default
-    without ``shuffle``), whose iterator draws from a ``range``."""
-    return plain_batches(index_sampler) and type(index_sampler.sampler) in _twins(
-        "SequentialSampler"
-    )

@@ -34,8 +34,11 @@ class WorkerSeeds:
 
     __module__ = "conveyor.sampling"  # where users import it from: its repr and pickles
 
+    #: The seed of Python's ``random`` module.
     python: int
+    #: The seed of torch's global generator.
     torch: int
+    #: The four 32-bit words of NumPy's legacy global ``RandomState``'s seed.
     numpy: tuple[int, int, int, int]
 
 

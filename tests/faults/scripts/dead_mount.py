@@ -6,6 +6,7 @@ stuck), blocks on a real ``threading.Event`` that nothing sets, as a read on a d
 mount blocks. The script takes batches until the loader raises; just before the error
 leaves the script (uncaught, as in a training run), it prints one JSON line: the
 seconds from asking for the batch that never came to the error, and the error's text.
+The exit writes how long conveyor's part of it took (tests/helpers/exit_timing.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 import threading
 import time
 
-from conveyor import DataLoader
+from tests.helpers import exit_timing
+
+exit_timing.outer()
+from conveyor import DataLoader  # noqa: E402  (after the exit's outer bracket)
 
 STUCK = 21
 
@@ -39,6 +43,7 @@ def main() -> None:
     loader = DataLoader(
         DeadMount(every), batch_size=8, num_workers=4, worker_method="thread", timeout=timeout
     )
+    exit_timing.inner()
     it = iter(loader)
     while True:
         asked = time.monotonic()

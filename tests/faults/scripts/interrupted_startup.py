@@ -5,9 +5,12 @@ Usage: ``python interrupted_startup.py START_METHOD WHEN``. ``WHEN`` is ``prepar
 (a real SIGINT the moment the first worker's own pipes exist, before its process is
 started), ``spawning`` (the moment the first worker process exists, before
 multiprocessing has sent it what it needs to run: its start is half done),
-``supervising`` (the moment every worker process is started, before the loop has
-taken charge of them) or ``starting`` (while ``iter()`` waits for workers that are in
-``worker_init_fn``: sent by a thread once a worker said it is there). Prints one JSON line: how many
+``handing_over`` (the moment the pool is made, before the loop holds it: a pool that
+nobody holds is a pool nobody stops), ``supervising`` (the moment every worker process
+is started, before the loop has taken charge of them), ``starting`` (while ``iter()``
+waits for workers that are in ``worker_init_fn``: sent by a thread once a worker said
+it is there) or ``restarting`` (sample 3 kills its worker once; the moment the pool has
+let the dead worker go, before its replacement is started). Prints one JSON line: how many
 KeyboardInterrupts were caught, the processes started since that are still
 running, and every file descriptor (pipes included) opened since and still open.
 """
@@ -21,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Any
 
 import psutil
@@ -28,6 +32,7 @@ from tests.helpers.interrupts import open_fds
 
 from conveyor import DataLoader
 from conveyor._iter import multiprocess
+from conveyor._workers import pool as pool_module
 
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
@@ -101,6 +106,46 @@ def interrupt_when_supervising() -> None:
     multiprocess.Supervisor = supervisor  # type: ignore[misc]
 
 
+def interrupt_when_handing_over() -> None:
+    """Send SIGINT right after the pool is made, before its constructor returns it (once)."""
+    original = pool_module.WorkerPool.__init__
+
+    def made(self: Any, *args: Any, **kwargs: Any) -> None:
+        pool_module.WorkerPool.__init__ = original  # type: ignore[method-assign]
+        original(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: raised at the next bytecode
+
+    pool_module.WorkerPool.__init__ = made  # type: ignore[method-assign]
+
+
+def interrupt_when_restarting() -> None:
+    """Send SIGINT right after the pool let a dead worker go, before it starts the next."""
+    original = pool_module.release
+
+    def released(*args: Any) -> None:
+        pool_module.release = original
+        original(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: raised at the next bytecode
+
+    pool_module.release = released
+
+
+class DiesOnce:
+    """Sample 3 kills its worker the first time (the file at ``marker`` says it did)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 3 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index
+
+
 def interrupt_when_starting(fifo: str) -> None:
     """A thread: once a worker is in worker_init_fn, send SIGINT to this process."""
     os.mkfifo(fifo)
@@ -125,22 +170,29 @@ def main() -> None:
     before_fds = open_fds()
     before_procs = {p.pid for p in descendants()}
     init = None
+    dataset: Any = list(range(8))
     if when == "preparing":
         interrupt_when_preparing()
     elif when == "spawning":
         interrupt_when_spawned()
+    elif when == "handing_over":
+        interrupt_when_handing_over()
     elif when == "supervising":
         interrupt_when_supervising()
+    elif when == "restarting":
+        interrupt_when_restarting()
+        dataset = DiesOnce(os.path.join(sys.argv[3], "died"))
     else:
         interrupt_when_starting(fifo)
         init = Gate(fifo)
-    loader = DataLoader(
-        list(range(8)), num_workers=2, multiprocessing_context=method, worker_init_fn=init
-    )
+    loader = DataLoader(dataset, num_workers=2, multiprocessing_context=method, worker_init_fn=init)
     caught = 0
     kept: BaseException | None = None
     try:
-        iter(loader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the restart's warning
+            for _batch in loader:
+                pass
     except KeyboardInterrupt as exc:
         caught += 1
         kept = exc  # a notebook keeps it: sys.last_value, with its traceback
