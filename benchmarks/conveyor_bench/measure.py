@@ -202,9 +202,29 @@ def _time_window(
     settled, settled_workers = _settle(loader, it, train) if settle else (None, None)
     # Counted before the window, not at the epoch's end (where no more tasks go out).
     calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
+    sampler = PeakPss.start() if window.peak_memory else None
+    result = _timed(it, window, train)
+    peak_pss = sampler.stop() if sampler is not None else None
+    added = _pss_added(before_loader) if before_loader and window.measure_memory else None
+    return dataclasses.replace(
+        result,
+        settled_after_s=settled,
+        settled_workers=settled_workers,
+        waited_to_settle=settle,
+        loader_pss_bytes=added[0] if added else None,
+        workers_pss_bytes=added[1] if added else None,
+        peak_pss_bytes=_peak_added(peak_pss, before_loader),
+        pss_samples=sampler.samples if sampler is not None else 0,
+        charged_peak_bytes=charged.added() if charged is not None else None,
+        main_python_calls=calls.python if calls and calls.batches else None,
+        main_calls=calls.total if calls and calls.batches else None,
+    )
+
+
+def _timed(it: Iterator[Any], window: WindowSpec, train: TrainingStep | None) -> Measurement:
+    """The timed window itself: batches, time, CPU and faults (main and workers), RSS."""
     memory = _MemoryPeaks(window)
     samples = batches = 0
-    sampler = PeakPss.start() if window.peak_memory else None
     workers0 = TreeUsage.read()
     faults0, cpu0 = _minor_faults(), time.process_time()
     t0 = now = time.perf_counter()
@@ -226,9 +246,6 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
-    peak_pss = sampler.stop() if sampler is not None else None
-    charged_bytes = charged.added() if charged is not None else None
-    added = _pss_added(before_loader) if before_loader and window.measure_memory else None
     result = Measurement(
         batches,
         samples,
@@ -240,22 +257,15 @@ def _time_window(
         workers_cpu_s=workers_cpu,
         workers_page_faults=workers_faults,
         worker_processes=len(workers.usage),
-        settled_after_s=settled,
-        settled_workers=settled_workers,
-        waited_to_settle=settle,
-        loader_pss_bytes=added[0] if added else None,
-        workers_pss_bytes=added[1] if added else None,
-        step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
-        peak_pss_bytes=_peak_added(peak_pss, before_loader),
-        pss_samples=sampler.samples if sampler is not None else 0,
-        charged_peak_bytes=charged_bytes,
-        main_python_calls=calls.python if calls and calls.batches else None,
-        main_calls=calls.total if calls and calls.batches else None,
     )
     if train is None:
         return result
     return dataclasses.replace(
-        result, waited_s=train.waited_s, copy_s=train.copy_s, copied_bytes=train.copied_bytes
+        result,
+        waited_s=train.waited_s,
+        copy_s=train.copy_s,
+        copied_bytes=train.copied_bytes,
+        step_ms=1000 * train.stepping_s / train.steps if train.steps else None,
     )
 
 

@@ -322,17 +322,6 @@ class FrameReader:
                 messages.append(message)
         return messages
 
-    @property
-    def holds_frame(self) -> bool:
-        """Whether a whole frame has been read and not yet parsed."""
-        if self._large is not None:
-            return self._large_filled == len(self._large)
-        data, at = self._data, self._at
-        if len(data) - at < _LENGTH.size:
-            return False
-        (length,) = _LENGTH.unpack_from(data, at)
-        return len(data) - at - _LENGTH.size >= length
-
     def drain(self) -> list[Any]:
         """Every message left in a pipe whose writer is gone (or has nothing more now)."""
         messages = self.buffered()
