@@ -71,11 +71,16 @@ def count_calls(
 
     previous = sys.getprofile()
     batch: Any = None
+    taken = 0
     sys.setprofile(hook)
     try:
         for _ in range(batches):
             counting[0] = True
-            batch = take()  # (the last one is dropped here)
+            try:
+                batch = take()  # (the last one is dropped here)
+            except StopIteration:  # the epoch ended first: what was counted stands
+                break
+            taken += 1
             counting[0] = False
             if between is not None:
                 between()
@@ -84,9 +89,9 @@ def count_calls(
     finally:
         sys.setprofile(previous)
     c.pop("[C] setprofile", None)  # the hook's own switching off
-    n = max(1, batches)
+    n = max(1, taken)
     top = sorted(((name, k / n) for name, k in (python + c).items()), key=lambda p: -p[1])
-    return CallCount(sum(python.values()) / n, sum(c.values()) / n, batches, tuple(top[:keep]))
+    return CallCount(sum(python.values()) / n, sum(c.values()) / n, taken, tuple(top[:keep]))
 
 
 def count_iterator(it: Iterator[Any], batches: int, keep: int = 40) -> CallCount:

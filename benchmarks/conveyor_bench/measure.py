@@ -12,6 +12,7 @@ alive a while after the loader was dropped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -26,8 +27,11 @@ try:
 except ImportError:  # not on Unix
     resource = None  # type: ignore[assignment]
 
+from conveyor_bench.calls import count_calls
+from conveyor_bench.charged import ChargedPeak, charged_peak
 from conveyor_bench.measurement import Measurement, touch
 from conveyor_bench.processes import (
+    PeakPss,
     TreePss,
     TreeUsage,
     count_leftovers,
@@ -186,13 +190,39 @@ def _time_window(
     window: WindowSpec,
     train: TrainingStep | None = None,
     settle: bool = False,
+    charged: ChargedPeak | None = None,
 ) -> Measurement:
     # The loader and its iterator are locals: they are dropped when this returns.
-    before_loader = TreePss.read() if window.measure_memory else None
+    before_loader = TreePss.read() if window.measure_memory or window.peak_memory else None
+    if charged is not None:
+        charged.begin()
     loader = make_loader()
     it = iter(loader)
     _warm_up(it, window, train)
     settled, settled_workers = _settle(loader, it, train) if settle else (None, None)
+    # Counted before the window, not at the epoch's end (where no more tasks go out).
+    calls = count_calls(lambda: next(it), window.count_calls) if window.count_calls else None
+    sampler = PeakPss.start() if window.peak_memory else None
+    result = _timed(it, window, train)
+    peak_pss = sampler.stop() if sampler is not None else None
+    added = _pss_added(before_loader) if before_loader and window.measure_memory else None
+    return dataclasses.replace(
+        result,
+        settled_after_s=settled,
+        settled_workers=settled_workers,
+        waited_to_settle=settle,
+        loader_pss_bytes=added[0] if added else None,
+        workers_pss_bytes=added[1] if added else None,
+        peak_pss_bytes=_peak_added(peak_pss, before_loader),
+        pss_samples=sampler.samples if sampler is not None else 0,
+        charged_peak_bytes=charged.added() if charged is not None else None,
+        main_python_calls=calls.python if calls and calls.batches else None,
+        main_calls=calls.total if calls and calls.batches else None,
+    )
+
+
+def _timed(it: Iterator[Any], window: WindowSpec, train: TrainingStep | None) -> Measurement:
+    """The timed window itself: batches, time, CPU and faults (main and workers), RSS."""
     memory = _MemoryPeaks(window)
     samples = batches = 0
     workers0 = TreeUsage.read()
@@ -216,7 +246,6 @@ def _time_window(
     cpu, faults = time.process_time() - cpu0, _delta(faults0)
     workers = TreeUsage.read()
     workers_cpu, workers_faults = workers.since(workers0)
-    added = _pss_added(before_loader) if before_loader is not None else None
     result = Measurement(
         batches,
         samples,
@@ -228,17 +257,15 @@ def _time_window(
         workers_cpu_s=workers_cpu,
         workers_page_faults=workers_faults,
         worker_processes=len(workers.usage),
-        settled_after_s=settled,
-        settled_workers=settled_workers,
-        waited_to_settle=settle,
-        loader_pss_bytes=added[0] if added else None,
-        workers_pss_bytes=added[1] if added else None,
-        step_ms=1000 * train.stepping_s / train.steps if train and train.steps else None,
     )
     if train is None:
         return result
     return dataclasses.replace(
-        result, waited_s=train.waited_s, copy_s=train.copy_s, copied_bytes=train.copied_bytes
+        result,
+        waited_s=train.waited_s,
+        copy_s=train.copy_s,
+        copied_bytes=train.copied_bytes,
+        step_ms=1000 * train.stepping_s / train.steps if train.steps else None,
     )
 
 
@@ -316,6 +343,13 @@ def _pss_added(before: TreePss) -> tuple[int, int] | None:
     return now.own - before.own + now.workers, now.workers
 
 
+def _peak_added(peak: int | None, before: TreePss | None) -> int | None:
+    """The peak of the process tree's PSS over what it was before the loader was made."""
+    if peak is None or before is None:
+        return None
+    return peak - (before.own + before.workers)
+
+
 def measure_throughput(
     make_loader: LoaderFactory, window: WindowSpec, *, settle: bool = False
 ) -> Measurement:
@@ -336,11 +370,14 @@ def measure_training(
     spin_iterations: int = 0,
 ) -> Measurement:
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
-    loader is built and dropped in here."""
+    loader is built and dropped in here (with ``window.peak_memory``, in a memory cgroup
+    of its own where one can be made: see charged.py)."""
     before = descendants()
     step = TrainingStep(step_s, accelerator, spin_iterations)
-    result = _time_window(make_loader, window, step, settle)
-    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
+    with charged_peak() if window.peak_memory else contextlib.nullcontext() as charged:
+        result = _time_window(make_loader, window, step, settle, charged)
+        leftovers = count_leftovers(before)  # (gone before the group is removed)
+    return dataclasses.replace(result, leaked_processes=leftovers)
 
 
 def measure_startup(make_loader: LoaderFactory) -> Measurement:

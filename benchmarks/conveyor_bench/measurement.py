@@ -40,6 +40,17 @@ class Measurement:
     loader_pss_bytes: int | None = None
     workers_pss_bytes: int | None = None
     step_ms: float | None = None  # train: a training step's mean time in the window
+    # The memory the loader added at its peak in the window (PSS of the process tree,
+    # sampled all through it: WindowSpec.peak_memory), and how many readings were made.
+    peak_pss_bytes: int | None = None
+    pss_samples: int = 0
+    # The same peak as the kernel charged it to a memory cgroup of the run's own (see
+    # charged.py: PSS misses shared memory no process maps); None where none was made.
+    charged_peak_bytes: int | None = None
+    # The main process's function calls per batch, before the window (see calls.py):
+    # Python functions, and all (C ones too).
+    main_python_calls: float | None = None
+    main_calls: float | None = None
 
     @property
     def waited_share(self) -> float:

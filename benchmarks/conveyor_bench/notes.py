@@ -116,6 +116,8 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
         if ideal and row.kind in ("throughput", "train", "variant"):
             row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
         row.notes.extend(_memory_notes(row, workers))
+        if row.kind == "memory":
+            row.notes.extend(_peak_notes(spec, row))
         for name, runs in row.runs.items():
             leaked = max(m.leaked_processes for m in runs)
             if leaked:
@@ -127,6 +129,27 @@ def _pss(row: Row, loader: str, figure: str = "loader_pss_bytes") -> float | Non
     """The median of a memory figure (MiB) of a row's runs for ``loader``; None if unread."""
     values = [v for m in row.runs.get(loader, []) if (v := getattr(m, figure)) is not None]
     return statistics.median(values) / 2**20 if values else None
+
+
+def _peak_notes(spec: WorkloadSpec, row: Row) -> list[str]:
+    """The memory each loader added at its peak (PSS of the whole process tree, sampled
+    through the window), and conveyor's over torch's."""
+    peaks = {name: _pss(row, name, "peak_pss_bytes") for name in ALL}
+    found = {name: mib for name, mib in peaks.items() if mib is not None}
+    if not found:
+        return []
+    samples = min(m.pss_samples for runs in row.runs.values() for m in runs)
+    text = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in found.items())
+    notes = [f"peak memory the loader added (PSS, whole tree, >= {samples} readings): {text}"]
+    mine, theirs = found.get("conveyor"), found.get("torch")
+    charged = {name: _pss(row, name, "charged_peak_bytes") for name in ALL}
+    if all(charged.get(name) is not None for name in found):
+        text = ", ".join(f"{name} {charged[name]:,.0f} MiB" for name in found)
+        notes.append(f"as charged to a memory cgroup (shared memory mapped or not): {text}")
+        mine, theirs = charged.get("conveyor"), charged.get("torch")
+    if mine is not None and theirs:
+        notes.append(f"conveyor over torch: {at_most(mine / theirs, spec.target_memory_of_torch)}")
+    return notes
 
 
 def _memory_notes(row: Row, workers: Row | None) -> list[str]:

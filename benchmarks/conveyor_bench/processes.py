@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 from dataclasses import dataclass
 
 import psutil
@@ -131,6 +132,63 @@ class TreePss:
             else:
                 workers += pss
         return TreePss(own, workers)
+
+
+def _pss_of(pid: int) -> int | None:
+    """A process's PSS in bytes, from ``/proc/<pid>/smaps_rollup`` (one summed read: far
+    cheaper than psutil's walk of every map); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PeakPss:
+    """The largest PSS of the whole process tree (this process and its workers, the
+    helpers left out) while it runs: a thread reads it over and over (each reading is a
+    few files of ``/proc``; the kernel sums each process's pages), so a peak between two
+    of them lasts less than a reading."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        me = psutil.Process()
+        kids = [p for p in me.children(recursive=True) if not _is_helper(p)]
+        self._pids = [me.pid, *(p.pid for p in kids)]  # (a window's workers live through it)
+        self._thread = threading.Thread(target=self._run, name="bench-peak-pss", daemon=True)
+
+    @classmethod
+    def start(cls) -> PeakPss | None:
+        """Sampling from now; None where ``/proc`` has no ``smaps_rollup``."""
+        if _pss_of(os.getpid()) is None:
+            return None
+        sampler = cls()
+        sampler._thread.start()
+        return sampler
+
+    def _run(self) -> None:
+        while True:
+            total = 0
+            for pid in self._pids:
+                total += _pss_of(pid) or 0
+            self.peak = max(self.peak, total)
+            self.samples += 1
+            if self._stop.wait(_PSS_EVERY_S):
+                return
+
+    def stop(self) -> int:
+        """Stop sampling; the peak seen."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+_PSS_EVERY_S = 0.002  # between readings: the loop being measured keeps the cores
 
 
 def _is_helper(proc: psutil.Process) -> bool:

@@ -131,6 +131,7 @@ CPU_HEADER = (
     "main / reference's",
     "workers / reference's",
     "all / reference's",
+    "main calls/batch: Python, all",
 )
 _CPU_KINDS = ("throughput", "features", "variant", "baseline", "reference")
 
@@ -162,9 +163,15 @@ def cpu_table(report: BenchReport) -> str:
                     _over(main, theirs[0]),
                     _over(workers, theirs[1]),
                     _over(every, total),
+                    _calls(row, loader),
                 )
             )
     return _table(CPU_HEADER, body)
+
+
+def _calls(row: Row, loader: str) -> str:
+    python, every = row.per_batch(loader, "main_python_calls"), row.per_batch(loader, "main_calls")
+    return DASH if python is None or every is None else f"{python:,.0f}, {every:,.0f}"
 
 
 def _cpu(row: Row, loader: str) -> tuple[float | None, float | None]:
@@ -223,6 +230,9 @@ def render(report: BenchReport) -> str:
             "loop's figure of the same workload (all: main + workers): the least a "
             "shared-memory loader spends there, so 1.00x is the floor, not a cap. CPU per "
             "batch varies far less than samples/s from one run to the next on a shared "
+            "machine. main calls/batch: the function calls the main process makes per batch "
+            "(Python functions; all, C ones too), counted over a few batches before the "
+            "window (benchmarks/conveyor_bench/calls.py): a count, the same on a busy "
             "machine.",
             "## Details",
             details_table(report),

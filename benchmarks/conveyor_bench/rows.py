@@ -17,7 +17,15 @@ INLINE_CONFIG = "num_workers=0"  # the config of a workload's in-process row
 NOT_INSTALLED = "not installed"
 
 RowKind = Literal[
-    "throughput", "startup", "epochs", "train", "baseline", "reference", "features", "variant"
+    "throughput",
+    "startup",
+    "epochs",
+    "train",
+    "baseline",
+    "reference",
+    "features",
+    "variant",
+    "memory",
 ]
 TIMED_KINDS = ("startup", "epochs")  # rows whose figure is seconds: lower is better
 

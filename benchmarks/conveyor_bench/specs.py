@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from conveyor_bench.workloads import MapDataset
 
-Kind = Literal["throughput", "startup", "epochs", "train", "ray"]
+Kind = Literal["throughput", "startup", "epochs", "train", "ray", "memory"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,16 @@ class WindowSpec:
     max_batches: int
     seconds: float
     measure_memory: bool = False  # read the process tree's memory (PSS) at the window's end
+    # Batches before the window (after warm-up) whose main-process calls are counted.
+    count_calls: int = 0
+    # Sample the process tree's memory (PSS) all through the window: its peak.
+    peak_memory: bool = False
+
+
+# Batches whose main-process calls a throughput run counts, after warm-up and before its
+# window (few: under the profile hook they run several times slower; the count is the
+# same every batch).
+CALL_BATCHES, QUICK_CALL_BATCHES = 50, 5
 
 
 @dataclass(frozen=True)
@@ -97,9 +107,17 @@ class WorkloadSpec:
     by_default: bool = True  # run without --workloads (ray: only when named)
     # Each row says what memory its loader's processes held (worker kinds compared).
     measure_memory: bool = False
+    # memory: a row per worker count, conveyor and torch, each run's peak memory added;
+    # conveyor's over torch's, at most this (issue 40).
+    worker_counts: tuple[int, ...] = ()
+    target_memory_of_torch: float | None = None
+    # memory: the training step after each batch, a row set each: none (the loaders run
+    # flat out: conveyor's prefetch fills, torch's may not) and one long enough that both
+    # fill it (what each holds at the same prefetch_factor).
+    memory_steps: tuple[float, ...] = (0.0, 0.3)
 
     def __post_init__(self) -> None:
-        timed = self.kind in ("throughput", "epochs", "train", "ray")
+        timed = self.kind in ("throughput", "epochs", "train", "ray", "memory")
         if timed and not 1 <= self.min_batches <= self.max_batches:
             raise ValueError(
                 f"workload {self.name!r}: need 1 <= min_batches ({self.min_batches}) "
@@ -110,6 +128,8 @@ class WorkloadSpec:
 
     def window(self, quick: bool, seconds: float) -> WindowSpec:
         """The timed window of a run: ``--quick``'s, or one of ``seconds``."""
+        calls = 0 if self.kind != "throughput" else QUICK_CALL_BATCHES if quick else CALL_BATCHES
+        peak = self.kind == "memory"
         if not quick:
             return WindowSpec(
                 self.warmup,
@@ -117,9 +137,11 @@ class WorkloadSpec:
                 self.max_batches,
                 seconds * self.seconds_scale,
                 self.measure_memory,
+                calls,
+                peak,
             )
         warmup = self.warmup if self.quick_warmup is None else self.quick_warmup
         least = 1 if self.quick_seconds else self.quick_batches
         return WindowSpec(
-            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory
+            warmup, least, self.quick_batches, self.quick_seconds, self.measure_memory, calls, peak
         )

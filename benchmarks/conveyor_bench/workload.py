@@ -57,7 +57,9 @@ def run_workload(
     methods = row_methods(spec, options)
     method = methods[0] if methods else None
     window = spec.window(options.quick, options.seconds)
-    length = spec.fixed_length or (window.warmup + window.max_batches) * spec.batch_size
+    # (and room for the batches whose calls are counted before the window)
+    batches = window.warmup + window.max_batches + window.count_calls
+    length = spec.fixed_length or batches * spec.batch_size
     try:
         dataset = spec.make_dataset(length, options.quick)
     except Exception as exc:  # e.g. decode without Pillow: this workload's row says why
@@ -78,6 +80,8 @@ def run_workload(
         run.train_rows()
     elif spec.kind == "epochs":
         run.epoch_rows()
+    elif spec.kind == "memory":
+        run.memory_rows()
     else:
         run.throughput_rows()
     annotate(spec, run.rows)
@@ -193,6 +197,18 @@ class WorkloadRun:
 
         self.run(row, factories, train)
         self.variants(train, extra=pinned)
+
+    def memory_rows(self) -> None:
+        """A row per worker count, flat out and with each training step: the memory each
+        loader adds at its peak (see specs.WorkloadSpec.memory_steps)."""
+        spec = self.spec
+        for step_s in spec.memory_steps:
+            step = f"{1000 * step_s:g} ms step" if step_s else "no step"
+            for count in spec.worker_counts:
+                config = f"{count} workers, persistent, prefetch_factor=2, {step}"
+                row, factories = self.loader_row(config, "memory", count, self.method)
+                stepped = functools.partial(measure_training, window=self.window, step_s=step_s)
+                self.run(row, factories, stepped)
 
     def throughput_rows(self) -> None:
         spec, label = self.spec, config_label(self.spec, self.method)

@@ -122,7 +122,7 @@ def test_one_read_takes_every_frame_the_pipe_holds(pipe: tuple[int, int]) -> Non
     os.write(w, b"".join(wire.encode(m) for m in MESSAGES[:3]))
     reader = wire.FrameReader(r)
     assert reader.read() == MESSAGES[:3]
-    assert not reader.holds_frame
+    assert reader.take() is None  # no whole frame left unread
 
 
 def test_a_frame_split_across_reads_comes_whole(pipe: tuple[int, int]) -> None:
@@ -133,7 +133,7 @@ def test_a_frame_split_across_reads_comes_whole(pipe: tuple[int, int]) -> None:
     for cut in (3, 11, len(frame) - 1):  # inside the length, the body, the last byte
         os.write(w, frame[:cut])
         assert reader.read() == []
-        assert not reader.holds_frame
+        assert reader.take() is None  # no whole frame left unread
         os.write(w, frame[cut:])
         assert reader.read() == [MESSAGES[0]]
 

@@ -227,6 +227,7 @@ class WorkerArena:
     def idle_bytes(self) -> int:
         """Pages free slots keep (for the next batches to reuse) in slots large enough
         to be worth giving back (see :meth:`drop_idle_pages`)."""
+        self._collect_worker_releases()
         reserved, held = self._reserved, 0
         for slot_id in self._free:
             if reserved[slot_id] >= _OVERSIZED_MIN_BYTES:

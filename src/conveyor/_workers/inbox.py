@@ -36,16 +36,17 @@ class Inbox:
         """The next message; blocks. EOFError once the main process is gone.
 
         A worker that waits for its next task more than IDLE_S with free slots holding
-        pages gives those pages back first (see WorkerArena.drop_idle_pages)."""
+        pages gives those pages back (see WorkerArena.drop_idle_pages); so it does again
+        when slots freed while it waits (a frame of their own) keep theirs that long."""
         if self._ahead:
             return self._ahead.popleft()
-        if (
-            self._arena.idle_bytes()
-            and not self._reader.holds_frame
-            and not select.select([self._fd], [], [], IDLE_S)[0]
-        ):
-            self._arena.drop_idle_pages()
-        return self._reader.recv()
+        reader, arena = self._reader, self._arena
+        while (message := reader.take()) is None:
+            if arena.idle_bytes() and not select.select([self._fd], [], [], IDLE_S)[0]:
+                arena.drop_idle_pages()
+                continue  # (nothing idle now: the next pass blocks in the read)
+            reader.fill()
+        return message
 
     def reclaim(self) -> bool:
         """Read every frame already sent (those read and not parsed first: no system

@@ -289,13 +289,20 @@ class FrameReader:
 
     def recv(self) -> Any:
         """The next message; blocks until it is whole. EOFError once the peer is gone."""
-        while True:
-            message = self._next()
-            while message is None:  # (a frame of freed slots alone)
-                message = self._next()
-            if message is not _INCOMPLETE:
-                return message
+        while (message := self.take()) is None:
             self._fill()
+        return message
+
+    def take(self) -> Any:
+        """The next whole message already read (frames of freed slots alone passed over:
+        their slots went to ``on_released``); None if none is."""
+        while (message := self._next()) is None:
+            pass
+        return None if message is _INCOMPLETE else message
+
+    def fill(self) -> None:
+        """One read (blocks until the peer writes); EOFError once the peer is gone."""
+        self._fill()
 
     def read(self) -> list[Any]:
         """The messages one read completes (none if it brought only part of one)."""
@@ -314,17 +321,6 @@ class FrameReader:
             if message is not None:
                 messages.append(message)
         return messages
-
-    @property
-    def holds_frame(self) -> bool:
-        """Whether a whole frame has been read and not yet parsed."""
-        if self._large is not None:
-            return self._large_filled == len(self._large)
-        data, at = self._data, self._at
-        if len(data) - at < _LENGTH.size:
-            return False
-        (length,) = _LENGTH.unpack_from(data, at)
-        return len(data) - at - _LENGTH.size >= length
 
     def drain(self) -> list[Any]:
         """Every message left in a pipe whose writer is gone (or has nothing more now)."""
