@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from tests.helpers.tables import Restarted, batches, died, dispatch, loop, step_kinds
 
+from conveyor._iter.deadlines import STARTUP_LIMIT_S
 from conveyor._iter.facts import Stalled, TimedOut
 from conveyor._iter.ledger import Entry
 from conveyor._task.protocol import GONE, BatchDone, Busy, Stage, WorkerStatus
@@ -184,3 +185,32 @@ def test_past_the_cap_on_abandoned_threads_a_timeout_raises_saying_why() -> None
     [raised] = world.deadlines.overdue(6.0, [busy(0, 0, 6.0)])
     assert isinstance(raised, TimedOut) and raised.reason is None and raised.error is not None
     assert str(raised.error).endswith("It was not replaced: 16 abandoned threads are still stuck.")
+
+
+def starting(worker: int, for_s: float) -> Busy:
+    return Busy(worker, 4000 + worker, WorkerStatus(-1, -1, Stage.STARTUP, -1, for_s))
+
+
+def test_with_restart_a_slow_start_is_judged_by_the_startup_limit_not_by_timeout() -> None:
+    """A replacement placed slowly by its cluster holds the batch the loop waits for: it
+    is not killed at ``timeout`` (another would start as slowly), but past the start-up
+    limit a start-up hung for good still is."""
+    world = loop(timeout=5, on_timeout="restart")
+    dispatch(world.book, batches(2))
+    world.reply(0)
+    assert step_kinds(world.book, 1) == [0]  # the loop now waits for batch 1, worker 1's
+    workers = [idle(0, 40.0), starting(1, 40.0)]
+    assert world.deadlines.overdue(40.0, workers) == []
+    # No busy loop: the wait is bounded by a limit a task sent later could reach first.
+    assert world.deadlines.next_deadline(40.0, workers) == 5
+    [stuck] = world.deadlines.overdue(400.0, [idle(0, 400.0), starting(1, STARTUP_LIMIT_S)])
+    assert isinstance(stuck, TimedOut) and stuck.worker_id == 1 and stuck.error is None
+
+
+def test_with_raise_a_slow_start_times_out_as_in_torch() -> None:
+    world = loop(timeout=5)
+    dispatch(world.book, batches(2))
+    world.reply(0)
+    assert step_kinds(world.book, 1) == [0]
+    [timed_out] = world.overdue(6.0, [idle(0, 6.0), starting(1, 6.0)])
+    assert isinstance(timed_out, TimedOut) and isinstance(timed_out.error, WorkerTimeoutError)

@@ -11,6 +11,12 @@ tests/unit/test_deadlines.py tables its rules.
 * ``timeout`` is torch's "no batch for N seconds", counted from when the user
   asks for a batch at the earliest; besides, a task running past ``timeout`` is
   stuck.
+* With ``on_timeout="restart"``, a worker still starting is stuck only past
+  ``max(timeout, STARTUP_LIMIT_S)``: a slow start (a cluster placing an actor,
+  spawn importing torch on loaded cores) is no stuck sample, and its replacement
+  would start as slowly, then fail the run as a start-up that never succeeds.
+  With ``"raise"``, torch's rule: no batch for ``timeout`` seconds is the error,
+  whatever the workers are doing.
 * Of several tasks stuck past ``timeout``, the one the loop waits for is timed
   out first: its error is the next to raise (a later task's would wait behind it).
   A worker the loop killed or abandoned reads as gone (idle since now) until it is
@@ -23,7 +29,7 @@ tests/unit/test_deadlines.py tables its rules.
 
 from __future__ import annotations
 
-from .._task.protocol import Busy
+from .._task.protocol import Busy, Stage
 from .._task.supervision import SupervisionPolicy
 from ..errors import WorkerTimeoutError
 from . import messages
@@ -31,6 +37,7 @@ from .facts import Overdue, Stalled, TimedOut
 from .ledger import LedgerView, TaskRecord
 
 STALL_FACTOR = 10  # a task is stalled past this many typical batch times...
+STARTUP_LIMIT_S = 300.0  # on_timeout="restart": a start-up is stuck past this at least
 
 
 class Deadlines:
@@ -100,11 +107,16 @@ class Deadlines:
         wakes = [min(limits)]
         for worker in workers:
             if worker.status.stage is not None:
-                wakes += [limit - worker.status.age_s for limit in limits]
+                own = [self._stuck_after(worker)] if self.timeout else []
+                own += [threshold] if threshold is not None else []
+                wakes += [limit - worker.status.age_s for limit in own]
         if threshold is not None:
             wakes += [threshold - w.status.age_s for w, _ in self._not_started(workers)]
-        if self.timeout and self._ledger.waited_for() is not None:
-            wakes.append(self.last_progress + self.timeout - now)
+        waited = self._ledger.waited_for() if self.timeout else None
+        if waited is not None:
+            holder = self._holder(workers, waited)
+            if holder is None or not self._starting_slowly_is_allowed(holder):
+                wakes.append(self.last_progress + self.timeout - now)
         return max(0.0, min(wakes))
 
     def overdue(self, now: float, workers: list[Busy]) -> list[Overdue]:
@@ -116,14 +128,16 @@ class Deadlines:
         ledger = self._ledger
         running = [w for w in workers if w.status.stage is not None]
         if self.timeout:
-            stuck = [b for b in running if b.status.age_s >= self.timeout]
+            stuck = [b for b in running if b.status.age_s >= self._stuck_after(b)]
             if stuck:
                 return [self._timed_out(self._most_urgent(stuck))]
             waited = ledger.waited_for()
             quiet_s = now - self.last_progress
             if waited is not None and quiet_s >= self.timeout:
-                holder = next(w for w in workers if w.worker_id == waited.worker_id)
-                return [self._timed_out(holder, waited)]
+                holder = self._holder(workers, waited)
+                assert holder is not None
+                if not self._starting_slowly_is_allowed(holder):
+                    return [self._timed_out(holder, waited)]
         threshold = self.stall_threshold()
         if threshold is None:
             return []
@@ -142,6 +156,21 @@ class Deadlines:
             report = messages.not_started_report(idle, entry.seq, entry.indices, ledger.batch_time)
             found.append(Stalled(idle.worker_id, entry.seq, report))
         return found
+
+    def _stuck_after(self, busy: Busy) -> float:
+        """Seconds in its current stage after which a running worker is stuck."""
+        if self._starting_slowly_is_allowed(busy):
+            return max(self.timeout, STARTUP_LIMIT_S)
+        return self.timeout
+
+    def _starting_slowly_is_allowed(self, busy: Busy) -> bool:
+        """A worker still starting, judged by the start-up limit, not by ``timeout``
+        (``on_timeout="restart"`` only: see the module docstring)."""
+        return self.policy.on_timeout == "restart" and busy.status.stage is Stage.STARTUP
+
+    @staticmethod
+    def _holder(workers: list[Busy], entry: TaskRecord) -> Busy | None:
+        return next((w for w in workers if w.worker_id == entry.worker_id), None)
 
     def _most_urgent(self, stuck: list[Busy]) -> Busy:
         """The stuck worker whose error raises first: the one holding the batch the loop
