@@ -33,15 +33,13 @@ class StopAt:
 
     def __init__(self) -> None:
         self.stopped = False
+        self.stop_check = lambda: self.stopped
 
     def stage(self, stage: Stage) -> None:
         pass
 
     def position(self, position: int) -> None:
         pass
-
-    def stop_requested(self) -> bool:
-        return self.stopped
 
 
 class Samples:

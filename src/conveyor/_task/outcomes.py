@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from conveyor._task.fetch import StopCheck
 from conveyor._task.protocol import Stage
 from conveyor.errors import CollateError, Culprit
 
@@ -39,18 +40,20 @@ class Watcher(Protocol):
 
     def position(self, position: int) -> None: ...
 
-    def stop_requested(self) -> bool: ...
+    # Asked before each sample: a C-level callable (a bound read of the status page's
+    # field), since it runs once a sample; None for a worker never stopped mid-batch.
+    @property
+    def stop_check(self) -> StopCheck | None: ...
 
 
 class _Unwatched:
+    stop_check = None
+
     def stage(self, stage: Stage) -> None:
         pass
 
     def position(self, position: int) -> None:
         pass
-
-    def stop_requested(self) -> bool:
-        return False
 
 
 UNWATCHED: Watcher = _Unwatched()

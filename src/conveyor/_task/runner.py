@@ -146,7 +146,7 @@ class TaskRunner:
         if reseed is not None and not per_sample:
             reseed.before_batch(items=self.iterable)
         on_position = _position_hook(watcher if trace else None, reseed)
-        stop = watcher.stop_requested
+        stop = watcher.stop_check
         fetched: _task_stream.Streamed | _Fetched | TaskOutcome
         try:
             streaming = self._streaming(indices, exclude, collating)
@@ -165,7 +165,7 @@ class TaskRunner:
             return Abandoned()
         if not isinstance(fetched, (_task_stream.Streamed, _Fetched)):
             return fetched
-        if stop():  # past the last sample: no collate either
+        if stop is not None and stop():  # past the last sample: no collate either
             return Abandoned()
         collating_from = time.monotonic()
         self.fetch_s = collating_from - started
@@ -188,7 +188,7 @@ class TaskRunner:
         one_by_one: bool,
         on_position: Callable[[int], None] | None,
         reseed: Reseed | None,
-        stop: StopCheck,
+        stop: StopCheck | None,
     ) -> _Fetched | TaskOutcome:
         """The batch's samples, fetched at once or (``one_by_one``, or to leave failing
         ones out) one at a time; or the outcome that ends the task."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor._task.fetch import StopCheck, check_stop, stop_in_getitem
+from conveyor._task.fetch import StopCheck, StopRequested, stop_in_getitem
 from conveyor._task.outcomes import (
     Collated,
     Failed,
@@ -62,7 +62,8 @@ def stream(
     skipped: set[int] = set()  # their positions
     rest: list[Any] | None = None  # samples collated as before, once one did not fit
     for position, i in wanted if wanted is not None else enumerate(indices):
-        check_stop(stop)
+        if stop is not None and stop():
+            raise StopRequested
         if on_position is not None:
             on_position(position)
         try:

@@ -51,6 +51,8 @@ class _TraceStatus:
     def stop_requested(self) -> bool:
         return False  # the driver cancels what it no longer wants (see RayPool.close)
 
+    stop_check = None
+
 
 class ConveyorWorker:
     """The actor. ``user`` is the user's objects, cloudpickled once by the driver and

@@ -169,6 +169,9 @@ class StatusSink(Protocol):
     def idle(self) -> None: ...
     def stop_requested(self) -> bool: ...
 
+    @property
+    def stop_check(self) -> Callable[[], object] | None: ...  # the same, before each sample
+
 
 class Transport(Protocol):
     """How a collated batch leaves the core (see conveyor._transport.codec.Encoder)."""
@@ -216,6 +219,8 @@ class Unwatched:
 
     def stop_requested(self) -> bool:
         return False
+
+    stop_check = None
 
 
 IN_PLACE = InPlace()

@@ -8,6 +8,7 @@ to say exactly where, without asking the worker anything.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from conveyor._task.protocol import Stage, WorkerStatus
@@ -41,6 +42,8 @@ class StatusWriter:
     def __init__(self, page: memoryview) -> None:
         # The main process marked the page "starting" (see mark_starting).
         self._fields = page[:STATUS_BYTES].cast("q")
+        # The runner's check before each sample: C calls only (see Watcher.stop_check).
+        self.stop_check = functools.partial(self._fields.__getitem__, _Field.STOP)
 
     def begin(self, epoch: int, seq: int) -> None:
         f = self._fields
@@ -110,6 +113,7 @@ class MemoryStatus:
         self._stage: Stage | None = Stage.STARTUP
         self._started_ns = time.monotonic_ns()
         self.stopping = False  # set by the main side: no task not yet begun is run
+        self.stop_check = functools.partial(getattr, self, "stopping")  # (C calls only)
 
     def begin(self, epoch: int, seq: int) -> None:
         self._epoch, self._seq, self._position = epoch, seq, -1
