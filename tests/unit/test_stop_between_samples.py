@@ -22,7 +22,7 @@ from conveyor._task.protocol import Ready, Stage, Task
 from conveyor._task.runner import TaskRunner
 from conveyor._workers.core import STOP, WorkerCore
 from conveyor._workers.spec import UserObjects, WorkerSpec
-from conveyor._workers.status import MemoryStatus
+from conveyor._workers.status import MemoryStatus, StatusWriter, mark_starting, request_stop
 from conveyor.collate import default_collate
 
 BATCH = [0, 1, 2, 3]
@@ -195,3 +195,18 @@ def test_a_thread_worker_closed_mid_batch_runs_no_further_sample_of_it() -> None
         thread.join(30)
     assert not any(thread.is_alive() for thread in stuck)
     assert dataset.fetched == [0, 1]
+
+
+def test_the_status_pages_stop_check_sees_the_main_processs_request() -> None:
+    """The check the fetch loop makes before each sample reads what teardown writes:
+    the STOP field of a process worker's page, a thread worker's ``stopping``."""
+    page = memoryview(bytearray(4096))
+    mark_starting(page)
+    writer = StatusWriter(page)
+    assert writer.stop_check is not None and not writer.stop_check()
+    request_stop(page)
+    assert writer.stop_check() and writer.stop_requested()
+    memory = MemoryStatus()
+    assert not memory.stop_check()
+    memory.stopping = True
+    assert memory.stop_check()
