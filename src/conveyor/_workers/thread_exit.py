@@ -17,10 +17,11 @@ Threads already abandoned as stuck are not waited for. Without a ``timeout`` the
 has no bound, as ``concurrent.futures`` waits for its threads; after
 :data:`EXIT_NOTICE_S` it says, on the ``conveyor`` logger, which thread it waits for,
 where it is, and how to end the wait (Ctrl-C, or a ``timeout``). A program whose user
-pressed Ctrl-C wants out now: once a ``KeyboardInterrupt`` has passed through a loader's
-iteration (caught by the script, as Lightning catches it to tear down, or not), or the
-program ends on an uncaught one, the exit waits :data:`INTERRUPTED_EXIT_S` at most, and
-says on the ``conveyor`` logger which threads it left, and where they were.
+pressed Ctrl-C wants out now: once Ctrl-C was pressed while thread workers ran, wherever
+it landed (interrupts.py notes it; the script caught the ``KeyboardInterrupt``, as
+Lightning catches it to tear down, or not), or the program ends on an uncaught one,
+the exit waits :data:`INTERRUPTED_EXIT_S` at most, and says on the ``conveyor`` logger
+which threads it left, and where they were.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def _deadline(worker: ThreadWorker, now: float, interrupted: bool) -> float | No
 
 
 def _wants_out() -> bool:
-    """The user pressed Ctrl-C: a KeyboardInterrupt passed through a loader (caught or
-    not), or the program ends on an uncaught one (the interpreter printed it before its
+    """The user pressed Ctrl-C: while thread workers ran (noted, caught or not), or the
+    program ends on an uncaught one (the interpreter printed it before its
     exit, keeping it as ``sys.last_exc``, ``sys.last_value`` before 3.12)."""
     if interrupts.interrupted():
         return True

@@ -40,7 +40,7 @@ from .._task.protocol import (
     WorkerMessage,
     WorkerStatus,
 )
-from . import thread_exit
+from . import interrupts, thread_exit
 from .api import Abilities, PoolEvent, Received
 from .core import WorkerCore
 from .spec import UserObjects, WorkerSpec, own_objects
@@ -187,6 +187,7 @@ class ThreadPool:
         self._events: queue.SimpleQueue[PoolEvent] = queue.SimpleQueue()
         self._workers = [self._new_worker(spec) for spec in specs]
         self._closed = False
+        interrupts.watch_ctrl_c()  # a Ctrl-C anywhere bounds the exit's wait for them
 
     def _new_worker(self, spec: WorkerSpec) -> _Worker:
         return _Worker(spec, own_objects(self._user), self._events, self._timeout)
@@ -241,6 +242,7 @@ class ThreadPool:
         if self._closed:
             return
         self._closed = True
+        interrupts.unwatch_ctrl_c()
         for worker in self._workers:
             worker.stop()
         busy_until = time.monotonic() + CLOSE_JOIN_S
