@@ -37,6 +37,11 @@ RAY_VERSION = "2.60.0"  # the version conveyor is tested with
 INSTALL = f"pip install 'ray=={RAY_VERSION}'"
 _NAMESPACE = b"conveyor"
 KV_TIMEOUT_S = 5.0  # a GCS that does not answer a small read in this long is gone
+# A trace is the only word of which sample a worker's death was at: it may wait for a
+# GCS slowed by a loaded head node (a retry's samples are slow anyway), where the
+# liveness probe must answer soon. On CI's busy cores a trace lost to the probe's 5 s
+# made a poisoned sample's proof one death longer than the restart budget.
+TRACE_TIMEOUT_S = 30.0
 
 # What conveyor sets on each worker's actor, before the user's worker_options: a worker
 # reserves one CPU (Ray's default for actors is none once placed, which would pack every
@@ -226,12 +231,13 @@ class TraceBoard:
         """In the worker: best effort (a trace that cannot be written names no sample)."""
         value = f"{epoch} {seq} {position}".encode()
         with contextlib.suppress(Exception):
-            _gcs().internal_kv_put(key, value, True, _NAMESPACE, timeout=KV_TIMEOUT_S)
+            _gcs().internal_kv_put(key, value, True, _NAMESPACE, timeout=TRACE_TIMEOUT_S)
 
     def read(self, worker_id: int) -> tuple[int, int, int] | None:
         """In the driver: (epoch, seq, position) last written by that worker, if any."""
         try:
-            value = _gcs().internal_kv_get(self.key(worker_id), _NAMESPACE, timeout=KV_TIMEOUT_S)
+            key = self.key(worker_id)
+            value = _gcs().internal_kv_get(key, _NAMESPACE, timeout=TRACE_TIMEOUT_S)
             epoch, seq, position = (int(part) for part in value.split())
         except Exception:
             return None
