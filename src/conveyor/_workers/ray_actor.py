@@ -58,10 +58,13 @@ class ConveyorWorker:
     """The actor. ``user`` is the user's objects, cloudpickled once by the driver and
     put in the object store as bytes every worker reads in place."""
 
-    def __init__(self, spec: WorkerSpec, user: np.ndarray, trace_key: bytes) -> None:
+    def __init__(
+        self, spec: WorkerSpec, user: np.ndarray, trace_key: bytes, started_key: bytes
+    ) -> None:
         self._spec = spec
         self._user = user
         self._trace_key = trace_key
+        self._started_key = started_key
         self._core: WorkerCore | None = None
 
     def start(self) -> Ready | StartupFailed:
@@ -75,7 +78,10 @@ class ConveyorWorker:
         status = _TraceStatus(self._trace_key)
         transport = ObjectStoreEncoder()
         self._core = WorkerCore(self._spec, user, transport, status, owns_process=True)
-        return self._core.start()
+        reply = self._core.start()
+        if isinstance(reply, Ready):
+            TraceBoard.mark_started(self._started_key, reply.pid)
+        return reply
 
     def handle(self, message: MainMessage) -> Any:
         """A task's reply, or None (a DataPipe's seed)."""

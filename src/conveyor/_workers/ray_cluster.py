@@ -233,6 +233,28 @@ class TraceBoard:
         with contextlib.suppress(Exception):
             _gcs().internal_kv_put(key, value, True, _NAMESPACE, timeout=TRACE_TIMEOUT_S)
 
+    def started_key(self, worker_id: int, incarnation: int) -> bytes:
+        """Where one incarnation of a worker says it has started (see mark_started)."""
+        return f"{self.prefix}/{worker_id}/started/{incarnation}".encode()
+
+    @staticmethod
+    def mark_started(key: bytes, pid: int) -> None:
+        """In the worker, as its start succeeds, before it replies: a reply can be lost
+        with its process (Ray sends it after the method returns; a crash in the next
+        task can come first), and the driver would take a death in the first task for a
+        death in start-up, and not count it against that task's samples."""
+        with contextlib.suppress(Exception):
+            value = str(pid).encode()
+            _gcs().internal_kv_put(key, value, True, _NAMESPACE, timeout=TRACE_TIMEOUT_S)
+
+    @staticmethod
+    def started(key: bytes) -> int | None:
+        """In the driver: the pid an incarnation marked as started, or None."""
+        try:
+            return int(_gcs().internal_kv_get(key, _NAMESPACE, timeout=TRACE_TIMEOUT_S))
+        except Exception:
+            return None
+
     def read(self, worker_id: int) -> tuple[int, int, int] | None:
         """In the driver: (epoch, seq, position) last written by that worker, if any."""
         try:

@@ -75,9 +75,10 @@ class _Remote:
     """One incarnation of a worker: its actor, and its calls not answered yet, in the
     order made (which is the order the actor runs them)."""
 
-    def __init__(self, worker_id: int, actor: Any, now: float) -> None:
+    def __init__(self, worker_id: int, actor: Any, now: float, started_key: bytes) -> None:
         self.worker_id = worker_id
         self.actor = actor
+        self.started_key = started_key  # where it says it started (its Ready may be lost)
         self.calls: deque[_Call] = deque()
         self.pid: int | None = None
         self.started = False
@@ -124,6 +125,7 @@ class RayPool:
         if short is not None:  # Ray would make them wait, silently
             warnings.warn(short, ClusterCapacityWarning, stacklevel=5)  # the user's iter()
         self._board = ray_cluster.TraceBoard(f"trace/{uuid.uuid4().hex}")
+        self._launches = 0  # incarnations started: each marks its start under its own key
         # Once for every worker and replacement, read in place by each (bytes would be
         # copied into each actor's memory).
         self._user = self._ray.put(np.frombuffer(blob, dtype=np.uint8))
@@ -135,8 +137,11 @@ class RayPool:
             raise
 
     def _launch(self, spec: WorkerSpec) -> _Remote:
-        actor = self._actor_class.remote(spec, self._user, self._board.key(spec.worker_id))
-        remote = _Remote(spec.worker_id, actor, time.monotonic())
+        self._launches += 1
+        started_key = self._board.started_key(spec.worker_id, self._launches)
+        trace_key = self._board.key(spec.worker_id)
+        actor = self._actor_class.remote(spec, self._user, trace_key, started_key)
+        remote = _Remote(spec.worker_id, actor, time.monotonic(), started_key)
         self._call(remote, actor.start.remote(), None)
         return remote
 
@@ -231,7 +236,9 @@ class RayPool:
 
     def _lost(self, remote: _Remote, failed: _Call, error: BaseException) -> list[PoolEvent]:
         """A worker lost: the replies it sent before are received, then its death (or,
-        if its actor could not be created at all, a start-up failure)."""
+        if its actor could not be created at all, a start-up failure). A worker that
+        marked its start on the board started, even if its Ready was lost with it: a
+        death in its first task is that task's, not a start-up death."""
         remote.lost = True
         events: list[PoolEvent] = []
         others = [c for c in remote.calls if c is not failed]
@@ -244,6 +251,11 @@ class RayPool:
             if call.ref in settled:
                 with contextlib.suppress(Exception):
                     events.append(self._received(remote, call, self._ray.get(call.ref)))
+        if not remote.started:  # its Ready may have been lost with its process
+            pid = self._board.started(remote.started_key)
+            if pid is not None:  # it started (its state before any task is lost with it)
+                remote.started, remote.pid = True, pid
+                events.append(Received(remote.worker_id, Ready(remote.worker_id, pid)))
         running = next((c.task for c in remote.calls if c.task is not None), None)
         trace = self._board.read(remote.worker_id) if running and running.trace else None
         status = remote.status(time.monotonic(), trace)
