@@ -111,7 +111,7 @@ def _task(seq: int, trace: bool = False) -> Task:
 
 
 def test_a_worker_not_started_is_starting_since_its_actor_was_made() -> None:
-    remote = _Remote(0, actor=None, now=10.0)
+    remote = _Remote(0, actor=None, now=10.0, started_key=b"started")
     assert remote.status(12.5) == WorkerStatus(-1, -1, Stage.STARTUP, -1, 2.5)
 
 
@@ -120,7 +120,7 @@ def test_the_running_task_is_the_oldest_unanswered_since_it_could_begin() -> Non
     sent or since the one before it answered, whichever came last."""
     from conveyor._workers.ray_pool import _Call
 
-    remote = _Remote(0, actor=None, now=0.0)
+    remote = _Remote(0, actor=None, now=0.0, started_key=b"started")
     remote.started, remote.last_reply_at = True, 5.0
     assert remote.status(7.0) == WorkerStatus(-1, -1, None, -1, 2.0)  # idle for 2 s
     remote.calls.extend([_Call("a", _task(3), sent_at=4.0), _Call("b", _task(4), 4.5)])
@@ -132,7 +132,7 @@ def test_the_running_task_is_the_oldest_unanswered_since_it_could_begin() -> Non
 def test_a_traced_task_names_its_sample_from_the_trace_board() -> None:
     from conveyor._workers.ray_pool import _Call
 
-    remote = _Remote(0, actor=None, now=0.0)
+    remote = _Remote(0, actor=None, now=0.0, started_key=b"started")
     remote.started = True
     remote.calls.append(_Call("a", _task(3, trace=True), sent_at=1.0))
     assert remote.status(2.0, trace=(0, 3, 1)).position == 1
