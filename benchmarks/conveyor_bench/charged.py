@@ -51,7 +51,9 @@ class ChargedPeak:
             return None
 
 
-def _own(version: int) -> Path | None:
+def own_cgroup(version: int) -> Path | None:
+    """This process's memory cgroup directory, for cgroup ``version`` (also the fault
+    tests' helper's, tests/helpers/cgroup.py)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if version == 2 and controllers == "":
@@ -65,7 +67,7 @@ def _make() -> tuple[Path, Path, int] | None:
     """(the parent group, a new child of it, the version), or None where it cannot be."""
     for version in (2, 1):
         try:
-            parent = _own(version)
+            parent = own_cgroup(version)
         except OSError:
             return None
         if parent is None or not (parent / "cgroup.procs").exists():

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_ROOT = Path("/sys/fs/cgroup")
+from conveyor_bench.charged import own_cgroup
 
 __all__ = ["MemoryCgroup", "memory_cgroup"]
 
@@ -53,21 +53,10 @@ class MemoryCgroup:
         return None
 
 
-def _own(version: int) -> Path | None:
-    """This process's memory cgroup directory, for ``version``."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if version == 2 and controllers == "":
-            return _ROOT / path.lstrip("/")
-        if version == 1 and "memory" in controllers.split(","):
-            return _ROOT / "memory" / path.lstrip("/")
-    return None
-
-
 def _make(limit: int) -> tuple[MemoryCgroup | None, str]:
     reasons = []
     for version, limit_file in ((2, "memory.max"), (1, "memory.limit_in_bytes")):
-        parent = _own(version)
+        parent = own_cgroup(version)
         if parent is None or not parent.is_dir():
             reasons.append(f"no cgroup v{version} memory hierarchy")
             continue
