@@ -7,8 +7,8 @@ import os
 import pytest
 
 from conveyor._task.protocol import Task
+from conveyor._workers.frames import FrameReader
 from conveyor._workers.outbox import Outbox
-from conveyor._workers.wire import FrameReader
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from conveyor._task.protocol import (
 )
 from conveyor._transport.arena import SlotInfo
 from conveyor._transport.codec import InlinePayload, SlotPayload
-from conveyor._workers import wire
+from conveyor._workers import frames, wire
 from conveyor._workers.remote_error import capture
 from conveyor.errors import Culprit
 
@@ -91,10 +91,10 @@ def test_freed_slots_ride_in_a_tasks_frame_or_alone_and_reach_the_reader(
 
 def test_a_frame_of_freed_slots_alone_is_no_message_to_read(pipe: tuple[int, int]) -> None:
     r, w = pipe
-    frames = [wire.encode_released((1,)), wire.encode(Stop()), wire.encode_released((2, 3))]
-    os.write(w, b"".join(frames) + wire.encode_task(MESSAGES[0], (8,)))
+    written = [wire.encode_released((1,)), wire.encode(Stop()), wire.encode_released((2, 3))]
+    os.write(w, b"".join(written) + wire.encode_task(MESSAGES[0], (8,)))
     freed: list[tuple[int, ...]] = []
-    reader = wire.FrameReader(r, on_released=lambda ids, alone: freed.append(ids))
+    reader = frames.FrameReader(r, on_released=lambda ids, alone: freed.append(ids))
     assert reader.recv() == Stop()  # the frame before it freed its slot, and is no message
     assert freed == [(1,)]
     assert reader.recv() == MESSAGES[0]
@@ -120,7 +120,7 @@ def pipe() -> Iterator[tuple[int, int]]:
 def test_one_read_takes_every_frame_the_pipe_holds(pipe: tuple[int, int]) -> None:
     r, w = pipe
     os.write(w, b"".join(wire.encode(m) for m in MESSAGES[:3]))
-    reader = wire.FrameReader(r)
+    reader = frames.FrameReader(r)
     assert reader.read() == MESSAGES[:3]
     assert reader.take() is None  # no whole frame left unread
 
@@ -129,7 +129,7 @@ def test_a_frame_split_across_reads_comes_whole(pipe: tuple[int, int]) -> None:
     r, w = pipe
     os.set_blocking(r, False)
     frame = wire.encode(MESSAGES[0])
-    reader = wire.FrameReader(r)
+    reader = frames.FrameReader(r)
     for cut in (3, 11, len(frame) - 1):  # inside the length, the body, the last byte
         os.write(w, frame[:cut])
         assert reader.read() == []
@@ -141,9 +141,9 @@ def test_a_frame_split_across_reads_comes_whole(pipe: tuple[int, int]) -> None:
 def test_a_frame_larger_than_the_pipe_is_gathered_in_place(pipe: tuple[int, int]) -> None:
     r, w = pipe
     os.set_blocking(r, False)
-    big = BatchDone(1, 2, InlinePayload(os.urandom(3 * wire.READ_SIZE + 123)))
+    big = BatchDone(1, 2, InlinePayload(os.urandom(3 * frames.READ_SIZE + 123)))
     frame = wire.encode(big) + wire.encode(Stop())
-    reader = wire.FrameReader(r)
+    reader = frames.FrameReader(r)
     got: list[object] = []
     for start in range(0, len(frame), 40000):  # as a worker's writes arrive
         os.write(w, frame[start : start + 40000])
@@ -160,7 +160,7 @@ def test_blocking_recv_and_end_of_file(pipe: tuple[int, int]) -> None:
     wire.send(w, MESSAGES[1])
     wire.send(w, Stop())
     os.close(w)
-    reader = wire.FrameReader(r)
+    reader = frames.FrameReader(r)
     assert reader.recv() == MESSAGES[1]
     assert reader.recv() == Stop()
     with pytest.raises(EOFError):
@@ -172,7 +172,7 @@ def test_drain_returns_what_a_dead_writer_left(pipe: tuple[int, int]) -> None:
     os.set_blocking(r, False)
     os.write(w, wire.encode(MESSAGES[4]) + wire.encode(MESSAGES[5])[:10])
     os.close(w)
-    reader = wire.FrameReader(r)
+    reader = frames.FrameReader(r)
     assert reader.drain() == [MESSAGES[4]]  # the half-written frame is dropped
     assert reader.eof
 

@@ -188,17 +188,23 @@ class TaskBook:
             return False
         return len(self._tasks) < (self.prefetch + self.ahead.extra) * self._serving
 
-    def tasks_wanted(self) -> int:
-        """How many more tasks go out now (see :meth:`wants_task`; the sampler may end
-        first), each to :meth:`next_worker`."""
-        if self._sampler_done or self._ledger.fatal is not None:
-            return 0
-        return (self.prefetch + self.ahead.extra) * self._serving - len(self._tasks)
-
     def next_worker(self) -> int | None:
         """The worker the next task goes to, or None if none may take one now."""
         if self._sampler_done or self._ledger.fatal is not None:
             return None
+        return self._worker_with_room()
+
+    def worker_for_next_task(self) -> int | None:
+        """The worker the next task goes to, if another task goes out now (see
+        :meth:`wants_task`; the sampler may end first); else None. One call per task
+        sent, as the loop tops up."""
+        if self._sampler_done or self._ledger.fatal is not None:
+            return None
+        if len(self._tasks) >= (self.prefetch + self.ahead.extra) * self._serving:
+            return None
+        return self._worker_with_room()
+
+    def _worker_with_room(self) -> int | None:
         capacity = (self.prefetch + self.ahead.extra) * self._serving // max(1, self._active)
         workers, count = self._workers, len(self._workers)
         for _ in range(count):

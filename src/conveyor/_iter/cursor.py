@@ -143,7 +143,9 @@ class SamplerCursor:
         if not self._taken:
             self._take_start()
         self._samples_before[seq] = self.last_first = self.samples_drawn
-        if self._replay_global is None:
+        if self._replay_global is None and self._stateful is False:  # the commonest
+            value = next(self._iter, END)
+        elif self._replay_global is None:
             value = self._draw(seq)
         else:
             with self._first_draw():

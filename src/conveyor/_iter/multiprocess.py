@@ -23,6 +23,7 @@ from .._task.protocol import (
     BatchDone,
     IterationEnded,
     TaskFailed,
+    TaskReply,
 )
 from .._workers.api import BatchHandle, PoolFactory
 from .._workers.interrupts import interrupts_deferred, note_interrupt
@@ -232,11 +233,9 @@ class MultiprocessIterator(IteratorFace, Receiving):
         """Send tasks while the book wants them: at the start, as batches come (the
         run-ahead) and as they are handed out (``now``: about when)."""
         book = self._book
-        wanted = book.tasks_wanted()
-        while wanted > 0 and (worker_id := book.next_worker()) is not None:
+        while (worker_id := book.worker_for_next_task()) is not None:
             if not self._dispatch(worker_id, now):
                 return
-            wanted -= 1
 
     def _dispatch(self, worker_id: int, now: float) -> bool:
         """Send the sampler's next batch to ``worker_id``; False if the sampler ended."""
@@ -268,31 +267,35 @@ class MultiprocessIterator(IteratorFace, Receiving):
         book = self._book  # counts from the user's ask
         while True:
             step = book.next_step()
-            match step:
-                case Entry():
-                    batch = self._hand_out(step, asked)
-                    if batch is not _NOTHING:
-                        return batch
-                case Wait():
-                    self._receive()
-                case GiveUp(error=error):
-                    raise error
-                case EpochEnd():
-                    raise StopIteration
-                case _:
-                    assert_never(step)
+            if isinstance(step, Entry):  # (no match: once a batch, commonest first)
+                # One more task per task handed out, as torch does.
+                self._top_up(asked if asked >= 0 else time.monotonic())
+                reply = step.reply
+                if type(reply) is BatchDone and reply.state is None and step.origin is not None:
+                    self.progress.handed_out(step.seq, step.worker_id, None)
+                    return self._decode(step, step.origin, asked)
+                batch = self._hand_out(step, reply, asked)
+                if batch is not _NOTHING:
+                    return batch
+            elif isinstance(step, Wait):
+                self._receive()
+            elif isinstance(step, GiveUp):
+                raise step.error
+            elif isinstance(step, EpochEnd):
+                raise StopIteration
+            else:
+                assert_never(step)
 
-    def _hand_out(self, entry: Entry, asked: float) -> Any:
-        reply = entry.reply
-        # One more task per task handed out, as torch does.
-        self._top_up(asked if asked >= 0 else time.monotonic())
-        if type(reply) is BatchDone and reply.state is None and entry.origin is not None:
-            self.progress.handed_out(entry.seq, entry.worker_id, None)
-            return self._decode(entry, entry.origin, asked)
+    def _hand_out(self, entry: Entry, reply: TaskReply | None, asked: float) -> Any:
+        """Any other reply than a batch alone: with the dataset's state, an error, or
+        nothing to give the user."""
         self.progress.reply_handed_out(entry.seq, entry.worker_id, reply)
         match reply:
-            case BatchDone(payload=None) | IterationEnded():
-                return _NOTHING  # every sample left out, or an iterator ended
+            case BatchDone(payload=None):
+                self._tally.worked(entry.worker_id, reply, None)
+                return _NOTHING  # every sample left out
+            case IterationEnded():
+                return _NOTHING
             case BatchDone():
                 return self._decode(entry, entry.origin, asked)
             case TaskFailed():
@@ -322,7 +325,8 @@ class MultiprocessIterator(IteratorFace, Receiving):
         if not pinned and self._pin is not None:
             batch = self._pin(batch)
             ended = time.monotonic()
-        self._tally.handed_out(entry, batch, (asked, began, decoded, ended), self._pin is not None)
+        times = (asked, began, decoded, ended)
+        self._tally.handed_out(entry, batch, handle, times, self._pin is not None)
         return batch
 
     def _pin_next(self) -> None:

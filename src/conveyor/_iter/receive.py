@@ -17,6 +17,7 @@ from .._task.protocol import (
     RoomAhead,
     StartupFailed,
     TaskFailed,
+    TaskReply,
 )
 from .._workers.api import BatchHandle, Pool, Received
 from ..config import LoaderConfig
@@ -68,15 +69,19 @@ class Receiving:
             self._supervisor.check()
             return
         for event in events:
-            match event:
-                case Received(worker_id=worker_id, message=message, batch=batch):
-                    self._on_message(worker_id, message, batch)
-                case Died():
-                    self._supervisor.on_death(event)
-                case _:
-                    assert_never(event)
+            if isinstance(event, Received):  # (no match: once a batch, commonest first)
+                message = event.message
+                if isinstance(message, (BatchDone, TaskFailed, IterationEnded)):
+                    self._on_answer(event.worker_id, message, event.batch)
+                else:
+                    self._on_message(event.worker_id, message)
+            elif isinstance(event, Died):
+                self._supervisor.on_death(event)
+            else:
+                assert_never(event)
 
-    def _on_message(self, worker_id: int, message: Any, batch: BatchHandle | None) -> None:
+    def _on_message(self, worker_id: int, message: Any) -> None:
+        """A worker's message other than a task's reply: it started, or could not."""
         match message:
             case Ready(state=state):
                 self._book.on_ready(worker_id)
@@ -85,24 +90,25 @@ class Receiving:
                 pid, remote = self._pid(worker_id), not self._config.kind.local
                 error = failures.startup_failed(worker_id, message, pid, remote=remote)
                 self._book.on_startup_failed(worker_id, error)
-            case BatchDone() | TaskFailed() | IterationEnded():
-                if message.epoch_state is not None:  # the first of the epoch
-                    self.progress.began(worker_id, message.epoch_state)
-                ahead, book = self._run_ahead, self._book
-                room = ahead(batch) if ahead is not None and batch is not None else None
-                now, extra = time.monotonic(), book.ahead.extra
-                filed = book.on_reply(worker_id, message, batch, now, room)
-                if filed == FILED and type(message) is BatchDone:
-                    self._tally.worked(worker_id, message, batch)
-                if filed != FILED:
-                    # A batch of an epoch the user abandoned, or a suspect's verdict:
-                    # just free its slot.
-                    if batch is not None:
-                        batch.discard()
-                    if filed == SURVIVED:
-                        self._supervisor.judge.survived(message.seq)
-                    return
-                if book.ahead.extra > extra:  # workers may run further ahead now
-                    self._top_up(now)
             case _:
                 assert_never(message)
+
+    def _on_answer(self, worker_id: int, message: TaskReply, batch: BatchHandle | None) -> None:
+        """A task's reply (its batch, its failure, or its iterator's end): filed in the
+        book, or freed when stale."""
+        if message.epoch_state is not None:  # the first of the epoch
+            self.progress.began(worker_id, message.epoch_state)
+        ahead, book = self._run_ahead, self._book
+        room = ahead(batch) if ahead is not None and batch is not None else None
+        now, extra = time.monotonic(), book.ahead.extra
+        filed = book.on_reply(worker_id, message, batch, now, room)
+        if filed != FILED:
+            # A batch of an epoch the user abandoned, or a suspect's verdict: just free
+            # its slot.
+            if batch is not None:
+                batch.discard()
+            if filed == SURVIVED:
+                self._supervisor.judge.survived(message.seq)
+            return
+        if book.ahead.extra > extra:  # workers may run further ahead now
+            self._top_up(now)

@@ -70,14 +70,19 @@ class Tally:
         self._cpu_from.append(usage.active_s(len(self._workers) - 1) if usage else None)
 
     def worked(self, worker_id: int, reply: BatchDone, batch: BatchHandle | None) -> None:
-        """A worker's reply came with its account of its time."""
+        """A worker's account of its time on a task whose batch does not reach the user
+        (every sample left out); one that does is counted as it is handed out."""
         nbytes = batch.nbytes if batch is not None else 0
         fetch, collate, send = reply.fetch_s, reply.collate_s, reply.encode_s
         self.clock.worked(worker_id, reply.busy_s, fetch, collate, send, nbytes)
+        self._trace_worker(worker_id, reply)
+
+    def _trace_worker(self, worker_id: int, reply: BatchDone) -> None:
         tracer = self._history.tracer if self._history is not None else None
         if tracer is not None and reply.started:
             pid = self._pid_of(worker_id)
             at, seq = reply.started, reply.seq
+            fetch, collate, send = reply.fetch_s, reply.collate_s, reply.encode_s
             tracer.worker_span(worker_id, pid, "fetch", at, fetch, seq=seq)
             tracer.worker_span(worker_id, pid, "collate", at + fetch, collate, seq=seq)
             tracer.worker_span(worker_id, pid, "send", at + fetch + collate, send, seq=seq)
@@ -135,29 +140,38 @@ class Tally:
             self.delivered(entry.worker_id, batch_size_of(batch), decode_s, pin_s)
 
     def handed_out(
-        self, entry: Entry, batch: Any, times: tuple[float, float, float, float], pin: bool
+        self,
+        entry: Entry,
+        batch: Any,
+        handle: BatchHandle,
+        times: tuple[float, float, float, float],
+        pin: bool,
     ) -> None:
-        """The batch of ``entry``'s task reached the user, the one call a batch: asked for
-        at ``times[0]`` (below 0: not by the user, a resumed epoch's replay), rebuilt from
+        """The batch of ``entry``'s task reached the user from ``handle``, the one call a
+        batch (its worker's account of its time is counted here too): asked for at
+        ``times[0]`` (below 0: not by the user, a resumed epoch's replay), rebuilt from
         ``times[1]`` to ``times[2]``, then (``pin``) pinned until ``times[3]``."""
         asked, began, decoded, ended = times
-        reply = entry.reply
-        if entry.shape == BATCH and not entry.exclude and not entry.left_out and not reply.skipped:  # type: ignore[union-attr]
+        reply: BatchDone = entry.reply  # type: ignore[assignment]
+        if entry.shape == BATCH and not entry.exclude and not entry.left_out and not reply.skipped:
             samples = len(entry.index)  # (see delivered_from)
         else:
             samples = batch_size_of(batch)
         self.batches += 1
         self.samples += samples
-        worker = self._workers[entry.worker_id]
+        worker_id = entry.worker_id
+        worker = self._workers[worker_id]
         worker.batches += 1
         worker.samples += samples
         waited = ended - asked if asked >= 0 else 0.0
-        self.clock.handed_out(samples, decoded - began, ended - decoded, waited)
+        decode_s, pin_s = decoded - began, ended - decoded
+        self.clock.delivered(worker_id, reply, handle.nbytes, samples, decode_s, pin_s, waited)
         tracer = self._history.tracer if self._history is not None else None
         if tracer is not None:
-            tracer.main_span("decode", began, decoded - began)
+            self._trace_worker(worker_id, reply)
+            tracer.main_span("decode", began, decode_s)
             if pin:
-                tracer.main_span("pin", decoded, ended - decoded)
+                tracer.main_span("pin", decoded, pin_s)
             if asked >= 0:
                 tracer.main_span("wait", asked, waited)
 

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any
 
 from .._transport.arena import WorkerArena
-from .wire import FrameReader
+from .frames import FrameReader
 
 # Seconds a worker waits for its next task before its free slots' pages go back: far
 # longer than a loop that keeps it busy leaves it waiting, far shorter than a training

@@ -27,7 +27,6 @@ from .._task.protocol import (
     Stop,
     Task,
     TaskFailed,
-    builder,
 )
 from .._transport.budget import SlotBudget
 from .._transport.codec import PayloadHandle, SlotPayload
@@ -57,8 +56,7 @@ RELEASE_ALONE = 4
 # next task, which would carry them, goes only once its last batch is handed out, and the
 # worker has started another by then: see docs/design.md, "Memory").
 RELEASE_EARLY_BYTES = 1 << 20
-_ANSWERS = (BatchDone, IterationEnded, TaskFailed)  # a task's last message
-_received = builder(Received)  # once a batch: without the frozen __init__'s cost
+_new, _set = object.__new__, object.__setattr__
 
 
 class WorkerPool(Readings):
@@ -236,21 +234,25 @@ class WorkerPool(Readings):
         events: list[PoolEvent] = []
         worker_id = worker.worker_id
         for message in messages:
-            if isinstance(message, _ANSWERS):
-                worker.unanswered -= 1
-            elif isinstance(message, (Ready, StartupFailed)):
+            kind = type(message)
+            if kind is BatchDone or kind is TaskFailed or kind is IterationEnded:
+                worker.unanswered -= 1  # a task's last message
+            elif kind is Ready or kind is StartupFailed:
                 self._loaded(worker_id)
             payload = getattr(message, "payload", None)
-            if payload is None:
-                events.append(_received(worker_id=worker_id, message=message, batch=None))
-                continue
-            if type(payload) is SlotPayload:
-                # Map on receipt: the batch stays readable if the worker dies before
-                # the user takes it (the fd is closed when the worker is replaced).
-                worker.arena.view(payload.slot)
-                worker.slot_bytes = payload.slot.size
-            handle = PayloadHandle(worker.decoder, payload, self._release_alone)
-            events.append(_received(worker_id=worker_id, message=message, batch=handle))
+            handle = None
+            if payload is not None:
+                if type(payload) is SlotPayload:
+                    # Map on receipt: the batch stays readable if the worker dies before
+                    # the user takes it (the fd is closed when the worker is replaced).
+                    slot = payload.slot
+                    if slot.slot_id not in worker.arena.maps:
+                        worker.arena.view(slot)
+                    worker.slot_bytes = slot.size
+                handle = PayloadHandle(worker.decoder, payload, self._release_alone)
+            event = _new(Received)  # (once a batch: without the frozen __init__)
+            _set(event, "__dict__", {"worker_id": worker_id, "message": message, "batch": handle})
+            events.append(event)
         return events
 
     def _loaded(self, worker_id: int) -> None:

@@ -17,6 +17,7 @@ from .._transport.budget import SlotBudget
 from .._transport.codec import Decoder
 from . import parent_watch
 from .fds import InheritedFd
+from .frames import FrameReader
 from .loop import CoreEnds, worker_main
 from .outbox import Outbox
 from .spec import UserObjects, WorkerSpec
@@ -24,7 +25,6 @@ from .start import start_process
 from .start_method import StartMethod
 from .status import mark_starting
 from .user_objects import PickledWhileSpawning
-from .wire import FrameReader
 
 __all__ = ["Host", "Worker", "WorkerHandle", "release", "start_worker"]
 

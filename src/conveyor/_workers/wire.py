@@ -21,9 +21,7 @@ Freed slots are the process pool's own business: no message names them. A worker
 reader hands them to its arena as it reads their frame (``FrameReader``'s
 ``on_released``), in order or reading ahead for room, so they take one route.
 
-Readers are buffered: one ``read`` takes every frame the pipe holds, so a worker that
-has several tasks queued, or a main process with several batches waiting, pays one
-system call for all of them.
+Frames are read off a pipe by :class:`~.frames.FrameReader`.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from .._task.protocol import BatchDone, Task
+from .._task.protocol import BatchDone, Task, builder
 from .._transport.arena import SlotInfo
 from .._transport.codec import SlotPayload
 
@@ -54,10 +52,10 @@ _PLAIN_RUN_1 = struct.Struct("<QB" + _TASK.format[1:] + "q" + _RUN.format[1:])
 # epoch, seq, busy_s, started, fetch_s, collate_s, encode_s, slot id, slot offset, slot
 # size, layout count, retired count, plain
 _BATCH = struct.Struct("<qqdddddqqqII?")
+_PAYLOAD_AT = 1 + struct.calcsize("<qqddddd")  # where the slot's fields begin in a B body
 _KIND_TASK, _KIND_BATCH, _KIND_PICKLE, _KIND_RELEASED = b"T", b"B", b"P", b"R"
 _KIND_PICKLED_TASK = b"Q"  # a task with excluded indices or places, pickled, and slots
 _BYTE_BATCH, _BYTE_TASK = _KIND_BATCH[0], _KIND_TASK[0]
-READ_SIZE = 1 << 16
 
 # What the binary forms carry, and the fields they leave out (which must then have their
 # defaults: see encode, whose per-batch checks name them, cheaper than a loop over them).
@@ -172,6 +170,7 @@ class BodyDecoder:
 
     def __init__(self, on_released: Released | None = None) -> None:
         self._slots: dict[tuple[int, int, int], SlotInfo] = {}
+        self._payloads: dict[bytes, SlotPayload] = {}
         self._on_released = on_released
 
     def decode(self, body: memoryview) -> Any:
@@ -223,7 +222,32 @@ class BodyDecoder:
     def decode_batch(self, body: memoryview) -> BatchDone:
         """A ``B`` frame's message (see :meth:`decode`)."""
         epoch, seq, busy, started, fetch_s, collate_s, encode_s, *rest = _BATCH.unpack_from(body, 1)
-        slot_id, offset, size, n_layout, n_retired, plain = rest
+        if rest[4]:  # slots retired: a payload of its own
+            payload = self._payload(body, rest)
+        else:
+            # A worker fills the same slots with batches of the same structure: the
+            # payload (slot, layout, pickle) is looked up by its bytes, not decoded.
+            key = bytes(body[_PAYLOAD_AT:])
+            known = self._payloads.get(key)
+            if known is None:
+                known = self._payload(body, rest)
+                if len(self._payloads) >= _KNOWN_PAYLOADS:
+                    self._payloads.clear()
+                self._payloads[key] = known
+            payload = known
+        # Made without its frozen __init__ (see protocol.builder), its fields given
+        # whole: once a batch.
+        done = _new(BatchDone)
+        fields = _DONE_DEFAULTS.copy()
+        fields["epoch"], fields["seq"], fields["payload"] = epoch, seq, payload
+        fields["busy_s"], fields["started"], fields["fetch_s"] = busy, started, fetch_s
+        fields["collate_s"], fields["encode_s"] = collate_s, encode_s
+        _set(done, "__dict__", fields)
+        return done
+
+    def _payload(self, body: memoryview, head: list[Any]) -> SlotPayload:
+        """The :class:`SlotPayload` of a ``B`` frame, given its head's slot fields."""
+        slot_id, offset, size, n_layout, n_retired, plain = head
         at = 1 + _BATCH.size
         numbers = struct.unpack_from(f"<{2 * n_layout}q", body, at)
         layout = tuple(zip(numbers[::2], numbers[1::2], strict=True))
@@ -234,27 +258,17 @@ class BodyDecoder:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = SlotInfo(slot_id, offset, size)
-        # Made without their frozen __init__ (see protocol.builder), inline: once a batch.
-        payload = _new(SlotPayload)
-        payload.__dict__.update(
+        return _slot_payload(
             slot=slot, meta=bytes(body[at:]), layout=layout, retired=retired, plain=plain
         )
-        done = _new(BatchDone)
-        done.__dict__.update(
-            _DONE_DEFAULTS,
-            epoch=epoch,
-            seq=seq,
-            payload=payload,
-            busy_s=busy,
-            started=started,
-            fetch_s=fetch_s,
-            collate_s=collate_s,
-            encode_s=encode_s,
-        )
-        return done
 
 
 _new = object.__new__
+_set = object.__setattr__
+_slot_payload = builder(SlotPayload)
+# Payloads a decoder keeps: a worker's slots times its batches' structures (one each,
+# mostly; a batch of varying shapes has many, and replaces them all as they come).
+_KNOWN_PAYLOADS = 1024
 _TASK_DEFAULTS = {
     f.name: f.default
     for f in dataclasses.fields(Task)
@@ -265,121 +279,6 @@ _DONE_DEFAULTS = {
     for f in dataclasses.fields(BatchDone)
     if f.default is not dataclasses.MISSING and f.name not in _CARRIED[BatchDone][0]
 }
-
-
-class FrameReader:
-    """Frames from one pipe, read in large chunks.
-
-    :meth:`recv` blocks for one message (the worker's side); :meth:`read` takes what one
-    ``read`` brings and returns the messages completed so far (the main process's side,
-    on a non-blocking descriptor the selector said is readable). A frame larger than a
-    read is gathered into a buffer of its own size, so a huge batch costs no re-copying.
-    """
-
-    def __init__(self, fd: int, on_released: Released | None = None) -> None:
-        """``on_released``: given the freed slots each frame carries, as it is read."""
-        self.fd = fd
-        self._data = b""  # read, not yet parsed from _at on (immutable: views stay valid)
-        self._at = 0
-        self._large: bytearray | None = None  # the body of a large frame being read
-        self._large_filled = 0
-        self._decoder = BodyDecoder(on_released)
-        self._batch = self._decoder.decode_batch  # a batch's frame: no dispatch on its kind
-        self.eof = False
-
-    def recv(self) -> Any:
-        """The next message; blocks until it is whole. EOFError once the peer is gone."""
-        while (message := self.take()) is None:
-            self._fill()
-        return message
-
-    def take(self) -> Any:
-        """The next whole message already read (frames of freed slots alone passed over:
-        their slots went to ``on_released``); None if none is."""
-        while (message := self._next()) is None:
-            pass
-        return None if message is _INCOMPLETE else message
-
-    def fill(self) -> None:
-        """One read (blocks until the peer writes); EOFError once the peer is gone."""
-        self._fill()
-
-    def read(self) -> list[Any]:
-        """The messages one read completes (none if it brought only part of one)."""
-        try:
-            self._fill()
-        except BlockingIOError:
-            pass
-        except EOFError:
-            self.eof = True
-        return self.buffered()
-
-    def buffered(self) -> list[Any]:
-        """The whole messages already read, without reading."""
-        messages = []
-        while (message := self._next()) is not _INCOMPLETE:
-            if message is not None:
-                messages.append(message)
-        return messages
-
-    def drain(self) -> list[Any]:
-        """Every message left in a pipe whose writer is gone (or has nothing more now)."""
-        messages = self.buffered()
-        while not self.eof:
-            try:
-                self._fill()
-            except BlockingIOError:
-                break
-            except EOFError:
-                self.eof = True
-            except OSError:  # closed under us
-                break
-            messages += self.buffered()
-        return messages
-
-    def _fill(self) -> None:
-        if self._large is not None:
-            with memoryview(self._large) as view:
-                count = os.readv(self.fd, [view[self._large_filled :]])
-            if not count:
-                raise EOFError("the other end of the pipe is closed")
-            self._large_filled += count
-            return
-        chunk = os.read(self.fd, READ_SIZE)
-        if not chunk:
-            raise EOFError("the other end of the pipe is closed")
-        self._data = self._data[self._at :] + chunk if self._at < len(self._data) else chunk
-        self._at = 0
-
-    def _next(self) -> Any:
-        """The message of the next whole frame read: None for a frame of freed slots alone
-        (its slots went to ``on_released``), ``_INCOMPLETE`` if no whole frame is here."""
-        large = self._large
-        if large is not None:
-            if self._large_filled < len(large):
-                return _INCOMPLETE
-            self._large = None
-            return self._decoder.decode(memoryview(large))
-        data, at = self._data, self._at
-        if len(data) - at < _LENGTH.size:
-            return _INCOMPLETE
-        (length,) = _LENGTH.unpack_from(data, at)
-        start = at + _LENGTH.size
-        end = start + length
-        if end > len(data):
-            if length > READ_SIZE:  # gather the rest in place
-                self._large = bytearray(length)
-                self._large_filled = len(data) - start
-                self._large[: self._large_filled] = memoryview(data)[start:]
-                self._data, self._at = b"", 0
-            return _INCOMPLETE
-        self._at = end
-        if data[start] == _BYTE_BATCH:
-            return self._batch(memoryview(data)[start:end])
-        return self._decoder.decode(memoryview(data)[start:end])
-
-
-_INCOMPLETE: Any = object()  # FrameReader._next: no whole frame has been read
 
 
 def send(fd: int, message: Any) -> None:

@@ -9,10 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..records import StageTimes
 
-__all__ = ["StageClock"]
+__all__ = ["StageClock", "WorkerAccount"]
+
+
+class WorkerAccount(Protocol):
+    """A worker's account of its time on a task, as its reply carries it."""
+
+    @property
+    def busy_s(self) -> float: ...
+    @property
+    def fetch_s(self) -> float: ...
+    @property
+    def collate_s(self) -> float: ...
+    @property
+    def encode_s(self) -> float: ...
 
 
 @dataclass
@@ -86,6 +100,37 @@ class StageClock:
             t.pin_s += pin_s
         if wait_s:
             t.wait_s += wait_s
+
+    def delivered(
+        self,
+        worker_id: int,
+        worked: WorkerAccount,
+        nbytes: int,
+        samples: int,
+        decode_s: float,
+        pin_s: float,
+        wait_s: float,
+    ) -> None:
+        """A worker's batch reached the user: :meth:`worked` and :meth:`handed_out` in
+        one (the loop with workers counts a batch's stages as it hands it out: one call
+        a batch)."""
+        t = self._totals
+        busy_s = worked.busy_s
+        t.busy_s += busy_s
+        t.fetch_s += worked.fetch_s
+        t.collate_s += worked.collate_s
+        t.send_s += worked.encode_s
+        t.bytes += nbytes
+        t.batches += 1
+        t.samples += samples
+        t.decode_s += decode_s
+        if pin_s:
+            t.pin_s += pin_s
+        if wait_s:
+            t.wait_s += wait_s
+        if 0 <= worker_id < len(self.worker_busy):
+            self.worker_busy[worker_id] += busy_s
+            self.worker_busy_total[worker_id] += busy_s
 
     def waited(self, seconds: float) -> None:
         """The training loop waited this long inside ``next()``."""

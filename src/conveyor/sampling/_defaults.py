@@ -31,6 +31,7 @@ from conveyor.sampling import (
 )
 
 __all__ = [
+    "RunBatches",
     "batches",
     "consecutive_batches",
     "endless",
@@ -95,7 +96,41 @@ def consecutive_batches(index_sampler: Any) -> bool:
 
 def open_index(index_sampler: Any) -> Iterator[Any]:
     """One pass of ``index_sampler``: a plain batch sampler as a resumable
-    :class:`BatchIterator` (its state beside it), anything else as its own iterator."""
+    :class:`BatchIterator` (its state beside it; over a plain sequential sampler, as
+    :class:`RunBatches`), anything else as its own iterator."""
+    if consecutive_batches(index_sampler):
+        return RunBatches(index_sampler)
     if plain_batches(index_sampler):
         return BatchIterator(index_sampler)
     return iter(index_sampler)
+
+
+class RunBatches(BatchIterator):
+    """A plain ``BatchSampler`` over a plain ``SequentialSampler``, drawn as ``range``
+    objects: the very indices torch's yields, without their lists. Building a list of 256
+    ints for each batch, and freeing it when the batch is handed out, cost the main
+    process more than the rest of a batch's bookkeeping; a range crosses to a worker as
+    its first value and length anyway, and becomes the list torch's sampler yields where a
+    dataset sees it (``batch_indices``). Only the loop opens one: a user iterating the
+    batch sampler gets its lists."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        super().__init__(batch_sampler)
+        self._end: int | None = None
+
+    def __next__(self) -> Any:
+        end = self._end
+        if end is None:  # at the first batch, as torch's sampler takes len() in iter()
+            end = self._end = len(self._owner.sampler)  # type: ignore[arg-type]
+        first = self.samples_yielded
+        last = min(first + self._size, end)
+        if last <= first or (self._drop_last and last - first < self._size):
+            raise StopIteration
+        self.samples_yielded = last
+        return range(first, last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the samples ``state`` says were yielded (a sequential sampler
+        keeps no state of its own: nothing is drawn to skip them)."""
+        self.samples_yielded = int(state["samples_yielded"])
+        self._end = None
