@@ -645,3 +645,40 @@ def test_only_plain_sequential_batches_are_called_consecutive() -> None:
         conveyor.DataLoader(data, batch_sampler=[[0, 1], [3, 2]])._index_sampler,
     ]
     assert not any(consecutive_batches(s) for s in others)
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "drop_last"),
+    [(20, 4, False), (21, 4, False), (21, 4, True), (3, 8, False), (3, 8, True), (0, 2, False)],
+)
+def test_the_loop_draws_a_sequential_samplers_batches_as_ranges_of_torchs_very_indices(
+    n: int, size: int, drop_last: bool
+) -> None:
+    """What the loop opens a plain sequential batch sampler as: the batches torch's
+    ``BatchSampler`` yields, as ranges; a user iterating the sampler still gets lists."""
+    from conveyor.sampling._defaults import RunBatches, batches, open_index, sequential
+
+    data = list(range(n))
+    batch_sampler = batches(sequential(data), size, drop_last)
+    opened = open_index(batch_sampler)
+    assert type(opened) is RunBatches
+    drawn = list(opened)
+    assert all(type(b) is range for b in drawn)
+    assert [list(b) for b in drawn] == list(batch_sampler)
+    assert all(type(b) is list for b in batch_sampler)
+    assert opened.state_dict() == {"samples_yielded": sum(map(len, drawn))}
+
+
+def test_a_sequential_samplers_ranges_resume_where_the_state_says_and_see_a_grown_dataset() -> None:
+    from conveyor.sampling._defaults import batches, open_index, sequential
+
+    data = list(range(10))
+    batch_sampler = batches(sequential(data), 3, False)
+    first = open_index(batch_sampler)
+    next(first)
+    state = first.state_dict()
+    resumed = open_index(batch_sampler)
+    resumed.load_state_dict(state)
+    assert [list(b) for b in resumed] == [[3, 4, 5], [6, 7, 8], [9]]
+    data.extend([10, 11])  # the length is taken at the first draw, as torch's iter() takes it
+    assert [list(b) for b in open_index(batch_sampler)][-1] == [9, 10, 11]

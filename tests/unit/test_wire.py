@@ -266,3 +266,29 @@ def test_every_field_a_binary_form_carries_round_trips(
     sent_as, back = _round_trip(message)
     assert sent_as == frame_kind  # the per-batch form, not a pickle
     assert back == message
+
+
+def test_a_batch_frames_payload_is_looked_up_by_its_bytes_and_slots_retired_are_never_shared() -> (
+    None
+):
+    """A worker refills its slots with batches of one structure: their payloads are decoded
+    once. One that names retired slots is decoded whole (the arena forgets them once)."""
+    decoder = wire.BodyDecoder()
+
+    def decoded(message: BatchDone) -> BatchDone:
+        back = decoder.decode(memoryview(wire.encode(message))[8:])
+        assert back == message
+        return back  # type: ignore[no-any-return]
+
+    plain = SlotPayload(SLOT, b"m", ((0, 8), (64, 16)), plain=True)
+    first, second = decoded(BatchDone(0, 1, plain, busy_s=0.5)), decoded(BatchDone(0, 2, plain))
+    assert first.payload is second.payload and (first.seq, second.seq) == (1, 2)
+    other = decoded(BatchDone(0, 3, SlotPayload(SLOT, b"n", ((0, 8), (64, 16)), plain=True)))
+    assert other.payload is not first.payload and other.payload.meta == b"n"
+    retiring = SlotPayload(SLOT, b"m", ((0, 8), (64, 16)), retired=(4,), plain=True)
+    assert (
+        decoded(BatchDone(0, 4, retiring)).payload is not decoded(BatchDone(0, 5, retiring)).payload
+    )
+    for seq in range(wire._KNOWN_PAYLOADS + 5):  # as many slots as never recur: bounded
+        decoded(BatchDone(0, seq, SlotPayload(SlotInfo(seq, 4096 * seq, 4096), b"m", ((0, 8),))))
+    assert len(decoder._payloads) <= wire._KNOWN_PAYLOADS

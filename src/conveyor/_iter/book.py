@@ -202,6 +202,10 @@ class TaskBook:
             return None
         if len(self._tasks) >= (self.prefetch + self.ahead.extra) * self._serving:
             return None
+        if self.in_order and self._active == len(self._workers):  # each in turn
+            worker_id = self._cursor
+            self._cursor = (worker_id + 1) % self._active
+            return worker_id
         return self._worker_with_room()
 
     def _worker_with_room(self) -> int | None:

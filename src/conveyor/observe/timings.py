@@ -128,9 +128,8 @@ class StageClock:
             t.pin_s += pin_s
         if wait_s:
             t.wait_s += wait_s
-        if 0 <= worker_id < len(self.worker_busy):
-            self.worker_busy[worker_id] += busy_s
-            self.worker_busy_total[worker_id] += busy_s
+        self.worker_busy[worker_id] += busy_s  # (a worker's: the loop without has no reply)
+        self.worker_busy_total[worker_id] += busy_s
 
     def waited(self, seconds: float) -> None:
         """The training loop waited this long inside ``next()``."""
