@@ -20,6 +20,7 @@ from conveyor_bench.workloads import (
     TinyDataset,
     calibrate_spin,
     pad_collate,
+    pad_collate_shared,
 )
 
 _CPU_ITERATIONS: list[int] = []
@@ -195,6 +196,16 @@ WORKLOADS: dict[str, WorkloadSpec] = {
             plain_row=True,
             collate_fn=pad_collate,
             target_vs_inline=1.7,
+            variants=(
+                # The same padding, its arrays made by conveyor.collate.zeros: in a worker,
+                # in the slot the batch travels in (no copy to send it); in-process,
+                # NumPy's: the num_workers=0 row's work exactly.
+                Variant(
+                    "2 workers, collate into shared memory (conveyor.collate.zeros)",
+                    2,
+                    (("collate_fn", pad_collate_shared),),
+                ),
+            ),
         ),
         WorkloadSpec(
             name="big",

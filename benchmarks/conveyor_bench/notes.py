@@ -107,6 +107,10 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             row.notes.extend(_training_notes(row))
         if row.kind == "variant" and mine and (v := row.median("conveyor")):
             row.notes.append(f"{v / mine:.2f}x conveyor's workers row above")
+            if inline is not None and (alone := inline.median("conveyor")):
+                row.notes.append(
+                    f"vs its num_workers=0: {against(v / alone, spec.target_vs_inline, _times)}"
+                )
         if row.kind == "variant" and _worker_count(spec, row) is None:
             row.notes.extend(_settle_notes(row.runs.get("conveyor", [])))
         ideal = spec.ideal_samples_per_s

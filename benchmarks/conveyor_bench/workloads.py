@@ -10,7 +10,7 @@ tuple, except ``text``'s: a 1-D array of token ids, padded into a dict by ``pad_
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -160,9 +160,22 @@ def pad_collate(samples: Sequence[Array]) -> dict[str, Array]:
 
     ``input_ids`` are padded with 0, and ``attention_mask`` is 1 over each document's tokens.
     """
+    return _pad(samples, np.zeros)
+
+
+def pad_collate_shared(samples: Sequence[Array]) -> dict[str, Array]:
+    """:func:`pad_collate`, its two arrays made with ``conveyor.collate.zeros``: in a
+    conveyor worker, in the shared memory the batch travels in; anywhere else (in-process,
+    torch's loader) NumPy's, so it does exactly :func:`pad_collate`'s work there."""
+    from conveyor.collate import zeros
+
+    return _pad(samples, zeros)
+
+
+def _pad(samples: Sequence[Array], zeros: Callable[..., Array]) -> dict[str, Array]:
     longest = max(len(sample) for sample in samples)
-    input_ids = np.zeros((len(samples), longest), dtype=np.int64)
-    attention_mask = np.zeros((len(samples), longest), dtype=np.int64)
+    input_ids = zeros((len(samples), longest), dtype=np.int64)
+    attention_mask = zeros((len(samples), longest), dtype=np.int64)
     for row, sample in enumerate(samples):
         input_ids[row, : len(sample)] = sample
         attention_mask[row, : len(sample)] = 1

@@ -21,7 +21,8 @@ registration made in ``__main__`` or a notebook reaches spawn and forkserver
 workers too. See docs/design.md, "Collate registries".
 
 :data:`OUTPUT_ALLOCATOR` lets a transport supply the memory that stacked arrays
-are written into, so they can travel without another copy.
+are written into, so they can travel without another copy; :func:`empty` and
+:func:`zeros` give a collate function of the user's own arrays in that memory.
 
 This module chooses how a batch is collated here and now: torch's leaf rules or NumPy's
 (or NumPy's, deferring tensors to the main process, in a worker), and which registries
@@ -45,6 +46,7 @@ from conveyor.collate._leaves import NUMPY as _NUMPY
 from conveyor.collate._leaves import OUTPUT_ALLOCATOR, Allocator
 from conveyor.collate._leaves import Leaves as _Leaves
 from conveyor.collate._leaves import NeedsTorch as _NeedsTorch
+from conveyor.collate._output import empty, zeros
 from conveyor.collate._registry import CollateFnMap, Dispatch, Registrations, Registries, Rule
 
 # The walk's own switch, set for a worker core's scope; importable from here as before.
@@ -60,7 +62,9 @@ __all__ = [
     "default_collate",
     "default_collate_fn_map",
     "default_convert",
+    "empty",
     "numpy_collate",
+    "zeros",
 ]
 
 
