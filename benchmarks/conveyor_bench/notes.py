@@ -105,14 +105,8 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             )
         if row.kind == "train" or (row.kind == "variant" and spec.kind == "train"):
             row.notes.extend(_training_notes(row))
-        if row.kind == "variant" and mine and (v := row.median("conveyor")):
-            row.notes.append(f"{v / mine:.2f}x conveyor's workers row above")
-            if inline is not None and (alone := inline.median("conveyor")):
-                row.notes.append(
-                    f"vs its num_workers=0: {against(v / alone, spec.target_vs_inline, _times)}"
-                )
-        if row.kind == "variant" and _worker_count(spec, row) is None:
-            row.notes.extend(_settle_notes(row.runs.get("conveyor", [])))
+        if row.kind == "variant":
+            row.notes.extend(_variant_notes(spec, row, mine, inline))
         ideal = spec.ideal_samples_per_s
         if spec.per_worker_ideal and row.kind in ("throughput", "variant"):
             count = _worker_count(spec, row)
@@ -127,6 +121,23 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
             if leaked:
                 row.notes.append(f"{name}: {leaked} process(es) outlived the loader")
         row.notes.extend(f"{name} failed: {error}" for name, error in row.errors.items())
+
+
+def _variant_notes(
+    spec: WorkloadSpec, row: Row, mine: float | None, inline: Row | None
+) -> list[str]:
+    """A row of conveyor alone with other settings: against conveyor's workers row and its
+    num_workers=0 row; how long num_workers="auto" took to settle."""
+    notes = []
+    if mine and (v := row.median("conveyor")):
+        notes.append(f"{v / mine:.2f}x conveyor's workers row above")
+        if inline is not None and (alone := inline.median("conveyor")):
+            notes.append(
+                f"vs its num_workers=0: {against(v / alone, spec.target_vs_inline, _times)}"
+            )
+    if _worker_count(spec, row) is None:
+        notes.extend(_settle_notes(row.runs.get("conveyor", [])))
+    return notes
 
 
 def _pss(row: Row, loader: str, figure: str = "loader_pss_bytes") -> float | None:
