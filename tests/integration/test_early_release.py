@@ -6,7 +6,7 @@ process a system call, and saves nothing worth it)."""
 
 from __future__ import annotations
 
-import time
+import multiprocessing
 from typing import Any
 
 import numpy as np
@@ -16,34 +16,41 @@ from conveyor._workers.pool import RELEASE_EARLY_BYTES
 
 
 class Blocks:
-    """Samples of ``nbytes`` each (batches of 2), each taking a millisecond: batches too
-    slow to run ahead, so each worker has its ``prefetch_factor`` tasks and no more."""
+    """Samples of ``nbytes`` each (batches of 2). Those from index 6 on (the fourth batch,
+    worker 1's second task, and every later one) wait for ``gate``: a worker's tasks stay
+    unanswered for as long as the test looks, however slow the machine."""
 
-    def __init__(self, nbytes: int, n: int = 64) -> None:
-        self.nbytes, self.n = nbytes, n
+    def __init__(self, nbytes: int, gate: Any, n: int = 64) -> None:
+        self.nbytes, self.gate, self.n = nbytes, gate, n
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        time.sleep(0.001)
+        if i >= 6:
+            self.gate.wait(60)
         return np.full(self.nbytes // 4, i, dtype=np.float32)
 
 
 def _pending_after_the_next_batch(nbytes: int) -> tuple[list[int], list[int]]:
     """Hand out a batch, drop it, hand out the next: what the first one's worker still
     has pending, and its tasks unanswered before that second hand-out."""
-    loader = DataLoader(Blocks(nbytes), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    context = multiprocessing.get_context("fork")
+    gate = context.Event()
+    loader = DataLoader(
+        Blocks(nbytes, gate), batch_size=2, num_workers=2, multiprocessing_context=context
+    )
     it: Any = iter(loader)
     try:
         next(it)  # (the first batch's slots are mapped now)
-        batch = next(it)  # from worker 1
+        batch = next(it)  # from worker 1, whose next tasks wait for the gate
         del batch
         worker = it._pool._workers[1]
         unanswered = [worker.unanswered]
         next(it)  # worker 0's: the task it dispatches goes to worker 0, not to worker 1
         return list(worker.pending_releases), unanswered
     finally:
+        gate.set()
         it.close()
 
 
