@@ -31,6 +31,7 @@ import io
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -192,6 +193,12 @@ def _run_code(code: str, filename: str) -> dict[str, Any]:
                     exec(compile(code, filename, "exec"), main.__dict__)
                 except Exception as exc:
                     error = exc
+                finally:
+                    # torch's SIGCHLD handler raises wherever this thread is when a worker
+                    # of a loader still alive has died: a late word of the death the
+                    # example already reported would end this runner. Held back until the
+                    # example's loaders are gone (_hear_late_deaths).
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         finally:
             sys.stderr.flush()
             os.dup2(saved_fd, 2)
@@ -216,8 +223,20 @@ def _run_code(code: str, filename: str) -> dict[str, Any]:
         traceback.clear_frames(error.__traceback__)
     del error, main, caught
     gc.collect()  # the example's loaders are gone: their workers stop now
+    _hear_late_deaths()
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def _hear_late_deaths() -> None:
+    """Let SIGCHLD through again: torch's handler runs now (pthread_sigmask checks for
+    signals before it returns), and its word of a death the example already reported, if
+    its loader outlived the collection, is dropped."""
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    except RuntimeError as late:
+        if "DataLoader worker" not in str(late):
+            raise
 
 
 def _run_doctor(block: str) -> dict[str, Any]:
