@@ -7,6 +7,7 @@ process a system call, and saves nothing worth it)."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,11 @@ from conveyor._workers.pool import RELEASE_EARLY_BYTES
 
 
 class Blocks:
-    """Samples of ``nbytes`` each (batches of 2). Those from index 6 on (the fourth batch,
-    worker 1's second task, and every later one) wait for ``gate``: a worker's tasks stay
-    unanswered for as long as the test looks, however slow the machine."""
+    """Samples of ``nbytes`` each (batches of 2), each taking a millisecond: batches too
+    slow to run ahead, so each worker has its ``prefetch_factor`` tasks and no more. Those
+    from index 6 on (the fourth batch, worker 1's second task, and every later one) wait
+    for ``gate``: a worker's tasks stay unanswered for as long as the test looks, however
+    slow the machine."""
 
     def __init__(self, nbytes: int, gate: Any, n: int = 64) -> None:
         self.nbytes, self.gate, self.n = nbytes, gate, n
@@ -27,6 +30,7 @@ class Blocks:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(0.001)
         if i >= 6:
             self.gate.wait(60)
         return np.full(self.nbytes // 4, i, dtype=np.float32)
