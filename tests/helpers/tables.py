@@ -45,6 +45,7 @@ class Loop:
     def die(self, death: Died, now: float) -> Restarted | None:
         """A worker died: the judge's Restart, applied; None when it gave up."""
         verdict = self.judge.on_death(death)
+        self.deadlines.died(death.worker_id)
         if isinstance(verdict, GiveUpAt):
             self.book.give_up(verdict.error, verdict.place)
             self.book.not_replaced(death.worker_id)
@@ -73,6 +74,7 @@ class Loop:
             elif isinstance(item, TimedOut):
                 if item.reason is not None:
                     self.book.killing(item.worker_id, kill_reason(item.reason, stacks))
+                self.deadlines.ending(item.worker_id)
                 if item.error is not None:
                     self.book.give_up(item.error, item.place)
         return overdue

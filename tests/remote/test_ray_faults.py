@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,37 @@ def test_a_worker_the_cluster_cannot_place_times_out_instead_of_hanging(
         pytest.raises(WorkerTimeoutError, match="start-up"),
     ):
         iter(_loader(ds.Where(6), worker_options=options, timeout=3))
+
+
+class _Preempted(Exception):
+    """What a training script's own SIGALRM or SIGTERM handler raises."""
+
+
+def _preempted(signum: int, frame: Any) -> None:
+    raise _Preempted(f"signal {signum}: save and exit")
+
+
+def test_a_signal_handlers_exception_while_ray_waits_is_raised_as_itself(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The loop blocks in Ray's wait for a sample that never comes; the script's signal
+    handler raises. Ray lets only KeyboardInterrupt through its signal checks, so the
+    handler's exception came back as a SystemError, read as the cluster lost; it is
+    the script's own exception, and the workers are gone after (conftest.py)."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    it = iter(_loader(ds.Faulty(6, hold=0, gate=str(gate)), num_workers=1))
+    previous = signal.signal(signal.SIGUSR2, _preempted)
+    # (Not SIGALRM: pytest-timeout's own timer is on it.)
+    sender = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGUSR2))
+    try:
+        sender.start()
+        with pytest.raises(_Preempted, match="save and exit"):
+            next(it)
+    finally:
+        sender.cancel()
+        signal.signal(signal.SIGUSR2, previous)
+        del it
 
 
 def test_losing_the_cluster_is_an_error_not_a_hang(cluster: LocalCluster) -> None:

@@ -174,6 +174,21 @@ def test_a_stuck_worker_that_was_ended_is_not_timed_out_again() -> None:
     assert world.deadlines.next_deadline(7.0, [gone, busy(1, 1, 2.0)]) == pytest.approx(3.0)
 
 
+def test_a_killed_holder_of_the_awaited_batch_is_not_timed_out_again_before_its_death() -> None:
+    """A Ray actor's death may be heard many seconds after the kill (a loaded cluster):
+    until then no batch comes, yet the worker already ended is not ended again, and
+    no second verdict reads it as a worker that has "not started" its task."""
+    world = loop(workers=2, timeout=5, on_timeout="restart")
+    dispatch(world.book, batches(2))
+    assert step_kinds(world.book, 1) == ["Wait"]  # for batch 0, worker 0's
+    [first] = world.overdue(6.0, [busy(0, 0, 6.0), busy(1, 1, 1.0)])
+    assert isinstance(first, TimedOut) and first.worker_id == 0 and first.reason is not None
+    gone = Busy(0, 4000, GONE)
+    for now in (7.0, 12.0, 30.0):  # its death not heard yet
+        assert world.overdue(now, [gone, busy(1, 1, 1.0)]) == []
+        assert world.deadlines.next_deadline(now, [gone, idle(1, 1.0)]) == 5
+
+
 def test_past_the_cap_on_abandoned_threads_a_timeout_raises_saying_why() -> None:
     world = loop(timeout=5, on_timeout="restart")
     world.deadlines.ends_stuck = "abandoned"
@@ -205,6 +220,22 @@ def test_with_restart_a_slow_start_is_judged_by_the_startup_limit_not_by_timeout
     assert world.deadlines.next_deadline(40.0, workers) == 5
     [stuck] = world.deadlines.overdue(400.0, [idle(0, 400.0), starting(1, STARTUP_LIMIT_S)])
     assert isinstance(stuck, TimedOut) and stuck.worker_id == 1 and stuck.error is None
+
+
+def test_with_restart_a_worker_that_started_slowly_gets_a_whole_timeout_for_its_task() -> None:
+    """Its start-up took longer than ``timeout`` (allowed): as it begins the awaited
+    batch it is not killed for the quiet of its own start, only once the task itself
+    runs past ``timeout``."""
+    world = loop(timeout=5, on_timeout="restart")
+    dispatch(world.book, batches(2))
+    assert step_kinds(world.book, 1) == ["Wait"]  # for batch 0, worker 0's
+    assert world.overdue(40.0, [starting(0, 40.0), idle(1, 40.0)]) == []
+    world.deadlines.started(40.0)  # worker 0's Ready
+    assert world.overdue(40.5, [busy(0, 0, 0.5), idle(1, 40.5)]) == []
+    assert world.deadlines.next_deadline(40.5, [busy(0, 0, 0.5), idle(1, 40.5)]) == 4.5
+    [stuck] = world.overdue(45.5, [busy(0, 0, 5.5), idle(1, 45.5)])
+    assert isinstance(stuck, TimedOut) and stuck.worker_id == 0
+    assert stuck.reason == "stuck (fetch) past timeout=5, so conveyor killed it"
 
 
 def test_with_raise_a_slow_start_times_out_as_in_torch() -> None:

@@ -311,3 +311,39 @@ def test_the_head_is_asked_once_nothing_came_for_a_while_however_short_the_waits
     with pytest.raises(ClusterLostError, match=r"its head node did not answer.*state_dict"):
         pool.wait(0.0)  # a loop waking for its deadlines still finds out
     assert ray.shut_down  # so that Ray does not end this process in a minute
+
+
+class _Preempted(Exception):
+    """What a training script's own signal handler raises."""
+
+
+class _InterruptedRay(_SilentRay):
+    """A Ray whose wait a signal handler interrupted: Ray 2.60's C code returns with the
+    handler's exception pending, which CPython reports as a SystemError caused by it."""
+
+    def wait(
+        self, refs: list[Any], num_returns: int, timeout: float
+    ) -> tuple[list[Any], list[Any]]:
+        raise SystemError(
+            "<cyfunction CoreWorker.wait at 0x7f92f1a045f0> returned a result with an exception set"
+        ) from _Preempted("SIGTERM: save and exit")
+
+
+def test_a_signal_handlers_exception_in_rays_wait_is_raised_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not as the cluster lost (the head node is not even asked)."""
+    asked: list[bool] = []
+    monkeypatch.setattr(ray_cluster, "unreachable", lambda: asked.append(True))
+    pool, _ = _silent_pool(heard_ago=0.0)
+    pool._ray = _InterruptedRay()
+    with pytest.raises(_Preempted, match="save and exit"):
+        pool.wait(1.0)
+    assert not asked
+
+
+def test_a_system_error_of_rays_own_is_not_taken_for_a_handlers() -> None:
+    own = SystemError("an unexpected system state has occurred")
+    own.__cause__ = ValueError("inside Ray")
+    assert ray_cluster.interrupting_error(own) is None
+    assert ray_cluster.interrupting_error(RuntimeError("gone")) is None

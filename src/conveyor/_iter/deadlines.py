@@ -19,8 +19,10 @@ tests/unit/test_deadlines.py tables its rules.
   whatever the workers are doing.
 * Of several tasks stuck past ``timeout``, the one the loop waits for is timed
   out first: its error is the next to raise (a later task's would wait behind it).
-  A worker the loop killed or abandoned reads as gone (idle since now) until it is
-  replaced, so the same verdict never comes twice.
+  A worker the loop killed or abandoned reads as gone (idle since now), and is
+  told of (:meth:`Deadlines.ending`), until its death is heard: the same verdict
+  never comes twice, even when no batch comes meanwhile (a Ray actor's death may be
+  heard many seconds after the kill).
 * A task running longer than the stall threshold, ``max(stall_warning, 10 *
   the workers' own time per batch)``, is reported once per time it is sent; so
   is a worker idle that long with a task waiting for it (frozen: SIGSTOP, a
@@ -61,6 +63,7 @@ class Deadlines:
         self.no_replacement: str | None = None
         self._counting_from = now
         self._reported: set[tuple[int, int, int]] = set()  # (epoch, seq, sends) of stalls told
+        self._ending: set[int] = set()  # workers ended as stuck whose death is not heard yet
 
     @property
     def watching(self) -> bool:
@@ -85,6 +88,22 @@ class Deadlines:
         (time spent in the training step is not the workers' fault, as in torch), an
         epoch starts, or a replacement worker starts (it gets a whole timeout)."""
         self._counting_from = max(self._counting_from, now)
+
+    def started(self, now: float) -> None:
+        """A worker started. With ``on_timeout="restart"`` its start-up was judged by
+        the start-up limit, not by ``timeout``: the quiet while it started is no
+        task's fault, and its first task gets a whole timeout (else a worker that
+        started slowly would be killed as it began). With ``"raise"``, torch's rule."""
+        if self.policy.on_timeout == "restart":
+            self.count_from(now)
+
+    def ending(self, worker_id: int) -> None:
+        """The loop ended ``worker_id`` as stuck: no verdict on it until its death."""
+        self._ending.add(worker_id)
+
+    def died(self, worker_id: int) -> None:
+        """``worker_id``'s death was heard: a replacement is judged afresh."""
+        self._ending.discard(worker_id)
 
     def reported(self, stalled: Stalled) -> None:
         """The loop warned of ``stalled``: not again until the task is sent again."""
@@ -115,7 +134,7 @@ class Deadlines:
         waited = self._ledger.waited_for() if self.timeout else None
         if waited is not None:
             holder = self._holder(workers, waited)
-            if holder is None or not self._starting_slowly_is_allowed(holder):
+            if holder is None or not self._exempt(holder):
                 wakes.append(self.last_progress + self.timeout - now)
         return max(0.0, min(wakes))
 
@@ -136,7 +155,7 @@ class Deadlines:
             if waited is not None and quiet_s >= self.timeout:
                 holder = self._holder(workers, waited)
                 assert holder is not None
-                if not self._starting_slowly_is_allowed(holder):
+                if not self._exempt(holder):
                     return [self._timed_out(holder, waited)]
         threshold = self.stall_threshold()
         if threshold is None:
@@ -162,6 +181,11 @@ class Deadlines:
         if self._starting_slowly_is_allowed(busy):
             return max(self.timeout, STARTUP_LIMIT_S)
         return self.timeout
+
+    def _exempt(self, holder: Busy) -> bool:
+        """The holder of the awaited batch is not timed out for the quiet: it is still
+        starting (and may, see below), or already ended as stuck."""
+        return holder.worker_id in self._ending or self._starting_slowly_is_allowed(holder)
 
     def _starting_slowly_is_allowed(self, busy: Busy) -> bool:
         """A worker still starting, judged by the start-up limit, not by ``timeout``

@@ -85,6 +85,7 @@ class Receiving:
         match message:
             case Ready(state=state):
                 self._book.on_ready(worker_id)
+                self._supervisor.deadlines.started(time.monotonic())
                 self.progress.began(worker_id, state)
             case StartupFailed():
                 pid, remote = self._pid(worker_id), not self._config.kind.local

@@ -85,6 +85,7 @@ class Supervisor:
     def on_death(self, died: Died) -> bool:
         """Act on a worker's death; whether a replacement was started."""
         verdict = self.judge.on_death(died)
+        self.deadlines.died(died.worker_id)
         match verdict:
             case Restart():
                 now = time.monotonic()
@@ -157,6 +158,7 @@ class Supervisor:
         """A worker known stuck: killed now, or abandoned where it cannot be killed (a
         thread). Either way a Died follows, and it reads as gone until replaced, so the
         same verdict never comes twice."""
+        self.deadlines.ending(worker_id)
         kill = self._pool.abilities.kill
         if kill is not None:
             kill(worker_id)

@@ -27,6 +27,7 @@ __all__ = [
     "check_actor_options",
     "connect",
     "describe_loss",
+    "interrupting_error",
     "is_startup_failure",
     "ray_module",
     "require_ray",
@@ -202,6 +203,17 @@ def describe_loss(error: BaseException) -> str:
         )
     detail = said or (lines[0] if lines else kind)
     return f"{why}. Ray: {kind}: {detail}"
+
+
+def interrupting_error(error: BaseException) -> BaseException | None:
+    """The exception a Python signal handler of this process raised while Ray's C code
+    blocked (a ``SIGALRM`` timer's, a preemption handler's), or None. Ray 2.60's wait
+    lets only ``KeyboardInterrupt`` and ``SystemExit`` through its signal checks; any
+    other exception stays pending, and Python reports the call as a ``SystemError``
+    caused by it. It is the user's exception, not a failure of the cluster."""
+    cause = error.__cause__
+    pending = "returned a result with an exception set" in str(error)
+    return cause if type(error) is SystemError and pending and cause is not None else None
 
 
 def is_startup_failure(error: BaseException) -> bool:

@@ -203,6 +203,9 @@ class RayPool:
                 return set()
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
         except Exception as exc:  # Ray itself fails: the cluster may be gone
+            raised = ray_cluster.interrupting_error(exc)
+            if raised is not None:  # a signal handler's: the user's, raised as itself
+                raise raised from None
             self._check_cluster()
             raise ClusterLostError(f"Ray failed while waiting for the workers: {exc}") from exc
         return set(ready) | set(first)
@@ -221,6 +224,9 @@ class RayPool:
         try:
             reply = self._ray.get(call.ref)  # here already: read in place
         except Exception as exc:  # a RayError: the actor or its reply is lost
+            raised = ray_cluster.interrupting_error(exc)
+            if raised is not None:
+                raise raised from None
             return self._lost(remote, call, exc)
         return [self._received(remote, call, reply)]
 
