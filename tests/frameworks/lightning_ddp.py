@@ -10,15 +10,16 @@ its ``DistributedSampler``) look like to code that reads them. ``LOADER``:
 - ``torch-subclass`` or ``conveyor-subclass``: a ``DataLoader`` subclass whose ``__init__``
   fixes ``batch_size``, made in the ``*_dataloader`` hooks, where Lightning records the
   arguments to rebuild it with (its documented way for such subclasses).
+
+The model is in lightning_model.py, and the loaders' pieces are taken from this module
+under its own name (not ``__main__``): a spawned worker unpickles them without Lightning.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
@@ -74,46 +75,13 @@ def describe(loader: Any) -> dict[str, Any]:
     }
 
 
-class Model(L.LightningModule):
-    def __init__(self, loader: str, out: str) -> None:
-        super().__init__()
-        self.loader, self.out = loader, out
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[int] = []
-        self.made: dict[str, Any] = {}
-        if not loader.endswith("-subclass"):  # made before fit, and looked at
-            self.made = {"train": make(loader, True), "val": make(loader, False)}
-            next(iter(self.made["train"]))
-
-    def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
-        self.seen += batch[:, 0].int().tolist()
-        return self.layer(batch).sum()
-
-    def validation_step(self, batch: torch.Tensor, index: int) -> None:
-        pass
-
-    def on_train_epoch_end(self) -> None:
-        trainer = self.trainer
-        report = {
-            "rank": self.global_rank,
-            "seen": self.seen,
-            "train": describe(trainer.train_dataloader),
-            "val": describe(trainer.val_dataloaders),
-        }
-        with open(f"{self.out}.{self.global_rank}.json", "w") as f:
-            json.dump(report, f)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    def train_dataloader(self) -> Any:
-        return self.made["train"] if self.made else make(self.loader, True)
-
-    def val_dataloader(self) -> Any:
-        return self.made["val"] if self.made else make(self.loader, False)
-
-
 if __name__ == "__main__":
+    # Lightning, and the model, only here: ``ddp_spawn`` starts the loaders' workers with
+    # spawn, and each imports this script again (importing Lightning costs 8 s of CPU).
+    import lightning as L
+
+    from tests.frameworks.lightning_model import Model
+
     torch.manual_seed(0)
     trainer = L.Trainer(
         max_epochs=1,

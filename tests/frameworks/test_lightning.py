@@ -25,13 +25,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 SCRIPT = Path(__file__).with_name("lightning_ddp.py")
+SCRIPT_MODULE = "tests.frameworks.lightning_ddp"  # where the script's loader classes live
 
 
 def _fit(loader: str, tmp_path: Path) -> list[int]:
     # Imported here, not at collection: lightning takes seconds to import, and the
     # default run (which deselects these slow tests) should not pay for it.
     L = pytest.importorskip("lightning", reason="CI installs lightning (.ci/run)")
-    from .lightning_ddp import Model
+    from .lightning_model import Model
 
     torch.manual_seed(0)
     model = Model(loader, str(tmp_path / loader))
@@ -156,7 +157,7 @@ def test_a_subclass_that_fixes_batch_size_is_rebuilt_as_torchs(tmp_path: Path) -
     ranks = _ranks("conveyor-subclass", "ddp", tmp_path)
     for ours, theirs in zip(ranks, torch_ranks, strict=True):
         assert ours["seen"] == theirs["seen"]
-        assert ours["train"]["module"] == theirs["train"]["module"] == "__main__"
+        assert ours["train"]["module"] == theirs["train"]["module"] == SCRIPT_MODULE
         _seen_as_torchs(ours, theirs)
 
 

@@ -31,7 +31,7 @@ from tests.helpers.ray_cluster import LocalCluster, assert_gone
 
 from . import datasets as ds
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # a worker started many times over on busy cores
 
 HEAD_CPUS = 1
 NODES = [{"num_cpus": 2}]
