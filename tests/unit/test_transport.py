@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from conveyor._transport.arena import (
+    _LOOK_AGAIN_MIN,
+    _RECENT,
     PAGE,
     MainArena,
     SlotInfo,
@@ -236,6 +238,22 @@ def test_an_outliers_slot_is_given_back_once_batches_are_small_again() -> None:
         _lease_and_release(arena, 1 << 16)
     assert arena.reserved_bytes() < 1 << 20
     assert len(arena.take_retired()) == 1
+
+
+@pytest.mark.parametrize("before", [0, 5, 15, 16, 17, 30])
+def test_an_outliers_slot_is_given_back_as_it_leaves_the_recent_batches(before: int) -> None:
+    """Whatever the phase of the arena's periodic look (``before`` small batches first),
+    the outlier's slot goes back within a few batches of the outlier leaving the
+    recent ones, not a whole look later: an epoch's last 26 batches were once too few
+    (CI: 200 MiB still held as the epoch ended, until the worker idled)."""
+    arena = WorkerArena(create_arena_fd(0), max_slots=4)
+    for _ in range(before):
+        _lease_and_release(arena, 1 << 16)
+    _lease_and_release(arena, 1 << 26)
+    for _ in range(_RECENT + _LOOK_AGAIN_MIN):
+        _lease_and_release(arena, 1 << 16)
+    assert len(arena.take_retired()) == 1
+    assert arena.reserved_bytes() < 1 << 20
 
 
 def test_a_mixed_workload_keeps_its_large_slot() -> None:

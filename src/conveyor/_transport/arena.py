@@ -49,6 +49,7 @@ _MAIN, _WORKER = "main", "worker"  # who holds a leased slot
 MIN_SLOT_BYTES = 1 << 16
 _RECENT = 16  # batches a worker remembers the sizes of, to spot oversized slots
 _OVERSIZED_MIN_BYTES = 1 << 20  # smaller slots are not worth giving back
+_LOOK_AGAIN_MIN = 4  # acquisitions between two looks for oversized slots, at least
 ARENA_PREFIX = "conveyor-worker-"  # memfd names: a worker's arena
 SETUP_NAME = "conveyor-setup"  # the user's objects pickled once for spawned workers
 
@@ -259,11 +260,18 @@ class WorkerArena:
         if len(self._asked) < _RECENT or self._next_check > 0:
             self._next_check -= 1
             return
-        self._next_check = _RECENT  # a look now and then is enough
-        wanted = _slot_size(max(self._asked))
+        asked = self._asked
+        largest = max(asked)
+        wanted = _slot_size(largest)
         for slot_id in [i for i in self._free if self._slots[i].size > 2 * wanted]:
             if self._slots[slot_id].size >= _OVERSIZED_MIN_BYTES:
                 self._retire(slot_id)
+        # Look again as the largest recent batch leaves the window (its slot may then be
+        # far larger than any batch lately), not a whole window later: an outlier late
+        # in an epoch would keep its memory past the epoch's end. Looks stay apart (each
+        # takes the max of the window).
+        last = len(asked) - 1 - list(reversed(asked)).index(largest)  # its newest place
+        self._next_check = max(last, _LOOK_AGAIN_MIN - 1)
 
     def _retire(self, slot_id: int) -> None:
         """Give a free slot's memory back to the system; its range is never reused."""
