@@ -193,10 +193,13 @@ def running_threads() -> list[threading.Thread]:
         if thread in skip or isinstance(thread, threading._DummyThread):
             continue
         owner = type(thread).__module__
-        if type(thread) is threading.Thread and getattr(thread, "_target", None) is None:
+        # Read once: a thread ending meanwhile drops it (a second read found none, and
+        # the ending feeder thread of torch's last loader was taken for a stranger's).
+        target = getattr(thread, "_target", None)
+        if type(thread) is threading.Thread and target is None:
             continue  # its target has returned (Thread.run drops it): it is ending
         if owner == "threading":  # a plain Thread: whoever wrote its target started it
-            owner = getattr(getattr(thread, "_target", None), "__module__", None) or owner
+            owner = getattr(target, "__module__", None) or owner
         if not within(str(owner), _KNOWN_THREAD_MODULES):
             found.append(thread)
     return found
