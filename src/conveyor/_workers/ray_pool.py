@@ -203,9 +203,7 @@ class RayPool:
                 return set()
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
         except Exception as exc:  # Ray itself fails: the cluster may be gone
-            raised = ray_cluster.interrupting_error(exc)
-            if raised is not None:  # a signal handler's: the user's, raised as itself
-                raise raised from None
+            _raise_if_interrupted(exc)
             self._check_cluster()
             raise ClusterLostError(f"Ray failed while waiting for the workers: {exc}") from exc
         return set(ready) | set(first)
@@ -224,9 +222,7 @@ class RayPool:
         try:
             reply = self._ray.get(call.ref)  # here already: read in place
         except Exception as exc:  # a RayError: the actor or its reply is lost
-            raised = ray_cluster.interrupting_error(exc)
-            if raised is not None:
-                raise raised from None
+            _raise_if_interrupted(exc)
             return self._lost(remote, call, exc)
         return [self._received(remote, call, reply)]
 
@@ -350,3 +346,11 @@ class RayPool:
             ray.wait(gone, num_returns=len(gone), timeout=SETTLE_S)
         self._waiting.clear()
         self._board.clear()
+
+
+def _raise_if_interrupted(exc: Exception) -> None:
+    """A signal handler's exception that Ray reported as its own failure: the user's,
+    raised as itself (see ray_cluster.interrupting_error)."""
+    raised = ray_cluster.interrupting_error(exc)
+    if raised is not None:
+        raise raised from None
