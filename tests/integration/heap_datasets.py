@@ -25,15 +25,3 @@ class FreshImages:
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
         return self.pool[index % 16].copy(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def stack(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, list[int]]:
-    """A collate function of the user's, writing its batch where it travels (the slot):
-    it sees the whole batch, every sample alive at once, and frees them all together
-    with no large block of its own freed (which would raise glibc's thresholds)."""
-    from conveyor.collate import empty
-
-    images = empty((len(samples), *SAMPLE_SHAPE), np.uint8)
-    for row, (image, _) in enumerate(samples):
-        images[row] = image
-    return images, [faults for _, faults in samples]

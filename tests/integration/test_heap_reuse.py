@@ -17,18 +17,14 @@ import pytest
 
 from conveyor import DataLoader
 from tests.helpers.leaks import no_leaks
-from tests.integration.heap_datasets import SAMPLE_SHAPE, FreshImages, stack
+from tests.integration.heap_datasets import SAMPLE_SHAPE, FreshImages
 
 BATCH = 64
 BATCHES = 10
 
 
-@pytest.mark.parametrize("collate_fn", [None, stack], ids=["streamed", "collated_at_the_end"])
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
-def test_fresh_samples_do_not_fault_the_batch_in_again(method, collate_fn):
-    # Streamed (written row by row as each sample comes), a sample's memory is reused by
-    # the next, by glibc's own rule; collated at the end (a collate_fn of the user's),
-    # every sample of the batch is alive at once, and the heap keeper keeps their memory.
+def test_fresh_samples_do_not_fault_the_batch_in_again(method):
     batch_pages = BATCH * int(np.prod(SAMPLE_SHAPE)) // resource.getpagesize()
     with no_leaks():
         loader = DataLoader(
@@ -36,7 +32,6 @@ def test_fresh_samples_do_not_fault_the_batch_in_again(method, collate_fn):
             batch_size=BATCH,
             num_workers=1,
             multiprocessing_context=method,
-            collate_fn=collate_fn,
         )
         # The counter as each batch's first sample saw it: before that batch's allocations.
         counters = [int(faults[0]) for _, faults in loader]

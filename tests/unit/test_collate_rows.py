@@ -153,16 +153,6 @@ def test_other_default_collates(collate: Callable[[Any], Any]) -> None:
     assert_batches_equal(streamed(samples, writer), collate(samples))
 
 
-def test_the_runner_says_whether_its_last_batch_streamed() -> None:
-    # (The worker's heap keeper keeps a batch's worth of freed heap only when not.)
-    dataset = big.BigDataset(kind="dict")
-    streaming, before = runner(dataset), runner(dataset)
-    before.rows = None
-    streaming.run([1, 2])
-    before.run([1, 2])
-    assert streaming.streamed and not before.streamed
-
-
 def test_only_default_collates_stream() -> None:
     assert RowWriter.for_collate(lambda batch: batch) is None
     assert RowWriter.for_collate(small.collate_numpy) is None

@@ -438,42 +438,13 @@ def test_the_heap_keeper_keeps_twice_the_largest_batch_of_freed_heap():
 
     calls: list[tuple[int, int]] = []
     keeper = HeapKeeper(mallopt=lambda option, value: calls.append((option, value)) or 1)
-    assert calls == []  # glibc's own rule until a batch is collated once fetched
-    keeper.batch_made(10 << 20)  # within the first threshold: nothing more to change
     assert calls == [(-3, MMAP_THRESHOLD), (-1, MIN_TRIM)]
+    keeper.batch_made(10 << 20)  # within the first threshold: nothing to change
+    assert len(calls) == 2
     keeper.batch_made(40 << 20)
     assert calls[-1] == (-1, 128 << 20) and keeper.trim == 128 << 20
     keeper.batch_made(3 << 30)
     assert calls[-1] == (-1, MAX_TRIM)
-
-
-def test_only_batches_collated_once_fetched_tell_the_heap_keeper():
-    # Streamed, each sample was freed as the next came: no batch's worth of heap to keep
-    # (kept anyway, a worker's heap grew by what its transforms left behind).
-    from conveyor._task.protocol import BatchDone
-    from conveyor._transport.arena import SlotInfo
-    from conveyor._workers.loop import _Results
-
-    made: list[int] = []
-
-    class Keeper:
-        def batch_made(self, nbytes: int) -> None:
-            made.append(nbytes)
-
-    r, w = os.pipe()
-    try:
-        out = _Results(w, Keeper())  # type: ignore[arg-type]
-        payload = SlotPayload(SlotInfo(0, 0, 4096), b"", (), (), True)
-        streamed = [True]
-        out.streamed = lambda: streamed[0]
-        out.send(BatchDone(0, 0, payload))
-        assert made == []
-        streamed[0] = False
-        out.send(BatchDone(0, 1, payload))
-        assert made == [4096]
-    finally:
-        os.close(r)
-        os.close(w)
 
 
 def test_the_heap_keeper_does_nothing_where_mallopt_fails():

@@ -97,9 +97,6 @@ class TaskRunner:
         self.auto_collation = auto_collation
         # Seconds the last run spent fetching and collating (statistics, trace).
         self.fetch_s = self.collate_s = 0.0
-        # The last batch was written row by row as its samples came (each sample freed
-        # as the next was made), not collated once all were fetched.
-        self.streamed = False
         self.collate_fn = collate_fn
         # Iterable datasets cannot skip: their samples have no index to record.
         self.skip_errors = skip_errors and not iterable
@@ -177,10 +174,8 @@ class TaskRunner:
             assert reseed is not None
             reseed.before_collate()
         if isinstance(fetched, _task_stream.Streamed):
-            self.streamed = True
             outcome = _task_stream.finish(fetched, self.collate_fn, skip_errors=self.skip_errors)
         else:
-            self.streamed = False
             outcome = self._collate(fetched, collating)
         self.collate_s = time.monotonic() - collating_from
         return outcome

@@ -182,11 +182,6 @@ class WorkerCore:
         with _scope.entered(self.scope):
             return self._handle(message)
 
-    def streamed(self) -> bool:
-        """Whether the last batch was written row by row as its samples came (each
-        sample freed as the next was made), not collated once all were fetched."""
-        return self.runner is not None and self.runner.streamed
-
     def close(self) -> None:
         """What the dataset opened with ``conveyor.per_worker`` in this core is closed."""
         with _scope.entered(self.scope):

@@ -10,20 +10,11 @@ next batch faults every page of it in again (about 2,200 faults and 5 ms of a wo
 CPU per batch, three quarters of its time). Whether a worker fell into this depended
 on whether its first batch happened to be stacked on the heap.
 
-So a worker sets both thresholds, as glibc's own dynamic rule would after a 32 MiB
-block (its ceiling): blocks under 32 MiB come from the heap, and up to twice the largest
-batch seen of freed heap is kept for the next batch. The peak is unchanged (the samples
-of a batch exist at once anyway); what stays mapped between batches is at most about
-what the next batch takes again.
-
-It does so at its first batch whose samples were all alive at once (collated once
-fetched: a ``collate_fn`` of the user's, rows too small to stream), and not for batches
-written row by row as their samples come (streaming collate): each sample is freed as
-the next is made, glibc's own rule keeps that one sample's memory, and there is no
-batch's worth of heap to keep. Set for those too, the thresholds kept what a sample's
-transforms leave behind: torchvision's ImageFolder with ``decode_jpeg`` and v2
-transforms, 2 workers, added 283-291 MiB to the process tree with them and 193 MiB
-without (torch's loader: 132 MiB), at the same speed.
+So workers set both thresholds at start-up, as glibc's own dynamic rule would after a
+32 MiB block (its ceiling): blocks under 32 MiB come from the heap, and up to twice the
+largest batch seen of freed heap is kept for the next batch. The peak is unchanged (the
+samples of a batch exist at once anyway); what stays mapped between batches is at most
+about what the next batch takes again.
 """
 
 from __future__ import annotations
@@ -40,29 +31,20 @@ MAX_TRIM = 1 << 30  # mallopt takes a C int
 
 
 class HeapKeeper:
-    """Sets the worker's malloc thresholds at its first batch collated once fetched, and
-    raises the trim threshold with such batches (one comparison a batch). Does nothing
-    where the C library has no ``mallopt`` (musl, macOS)."""
+    """Sets the worker's malloc thresholds and raises the trim threshold with the
+    batches (one comparison a batch). Does nothing where the C library has no
+    ``mallopt`` (musl, macOS)."""
 
     def __init__(self, mallopt: Callable[[int, int], int] | None = None) -> None:
-        self._mallopt = mallopt
-        self._started = False
+        self._mallopt = mallopt if mallopt is not None else _find_mallopt()
         self.trim = 0
-
-    def batch_made(self, nbytes: int) -> None:
-        """A batch of ``nbytes`` was made from samples alive all at once: keep twice
-        that much freed heap."""
-        if not self._started:
-            self._start()
-        if 2 * nbytes > self.trim and self.trim:
-            self._set_trim(min(MAX_TRIM, 1 << (2 * nbytes - 1).bit_length()))
-
-    def _start(self) -> None:
-        self._started = True
-        if self._mallopt is None:
-            self._mallopt = _find_mallopt()
         if self._mallopt is not None and self._mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD):
             self._set_trim(MIN_TRIM)
+
+    def batch_made(self, nbytes: int) -> None:
+        """A batch of ``nbytes`` was made: keep twice that much freed heap."""
+        if 2 * nbytes > self.trim and self.trim:
+            self._set_trim(min(MAX_TRIM, 1 << (2 * nbytes - 1).bit_length()))
 
     def _set_trim(self, nbytes: int) -> None:
         if (

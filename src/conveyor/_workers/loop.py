@@ -15,7 +15,7 @@ import mmap
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -75,7 +75,7 @@ def worker_main(
     process can tell which core's thread crashed the process.
     """
     _become_a_worker(parent_pid, watch, main_thread_started, stack_fd, crash_fd)
-    heap = HeapKeeper()
+    heap = HeapKeeper()  # before the user's objects allocate: see heap.py
     if isinstance(user, UserObjects):  # forked: other loaders' shared memory came along
         release_foreign_memory(*(core.arena_fd.fd for core in cores))
     shells = [_CoreShell(core, heap) for core in cores]
@@ -167,7 +167,6 @@ class _CoreShell:
         self.arena.reclaim = inbox.reclaim  # before a slot is added (see WorkerArena)
         encoder = Encoder(self.arena, reclaim=inbox.reclaim)
         core = WorkerCore(self.ends.spec, objects, encoder, self.status, owns_process=owns_process)
-        self.out.streamed = core.streamed
         try:
             first = core.start()
             self.out.send(first)
@@ -200,26 +199,16 @@ def _seed_process(first: WorkerSpec) -> None:
 
 
 class _Results:
-    """The result pipe, as the core's outbox; each batch sent whose samples were alive
-    all at once (collated once fetched, not streamed) tells the heap keeper."""
+    """The result pipe, as the core's outbox; each batch sent tells the heap keeper."""
 
     def __init__(self, fd: int, heap: HeapKeeper) -> None:
         self._fd = fd
         self._heap = heap
-        self.streamed: Callable[[], bool] = _no  # the core's, once it is made
 
     def send(self, message: WorkerMessage) -> None:
-        if (
-            type(message) is BatchDone
-            and type(message.payload) is SlotPayload
-            and not self.streamed()
-        ):
+        if type(message) is BatchDone and type(message.payload) is SlotPayload:
             self._heap.batch_made(message.payload.slot.size)
         send(self._fd, message)
-
-
-def _no() -> bool:
-    return False
 
 
 def _load_user_objects(setup: InheritedFd) -> UserObjects:
