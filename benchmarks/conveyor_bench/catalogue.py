@@ -333,6 +333,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
                 variants=VISION_VARIANTS,
                 in_quick=False,
                 measure_memory=True,
+                target_memory_of_torch=1.1,
             )
             for name, decoder in (
                 ("torchvision", "Pillow decodes (ImageFolder's default loader)"),

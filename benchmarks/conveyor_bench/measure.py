@@ -36,6 +36,8 @@ from conveyor_bench.processes import (
     TreeUsage,
     count_leftovers,
     descendants,
+    peak_added,
+    pss_added,
     tree_rss,
 )
 from conveyor_bench.specs import WindowSpec
@@ -205,7 +207,7 @@ def _time_window(
     sampler = PeakPss.start() if window.peak_memory else None
     result = _timed(it, window, train)
     peak_pss = sampler.stop() if sampler is not None else None
-    added = _pss_added(before_loader) if before_loader and window.measure_memory else None
+    added = pss_added(before_loader) if before_loader and window.measure_memory else None
     return dataclasses.replace(
         result,
         settled_after_s=settled,
@@ -213,7 +215,7 @@ def _time_window(
         waited_to_settle=settle,
         loader_pss_bytes=added[0] if added else None,
         workers_pss_bytes=added[1] if added else None,
-        peak_pss_bytes=_peak_added(peak_pss, before_loader),
+        peak_pss_bytes=peak_added(peak_pss, before_loader),
         pss_samples=sampler.samples if sampler is not None else 0,
         charged_peak_bytes=charged.added() if charged is not None else None,
         main_python_calls=calls.python if calls and calls.batches else None,
@@ -335,29 +337,14 @@ def _settle(
     return None, None
 
 
-def _pss_added(before: TreePss) -> tuple[int, int] | None:
-    """The memory a loader added since ``before`` (PSS): in all, and in its workers."""
-    now = TreePss.read()
-    if now is None:
-        return None
-    return now.own - before.own + now.workers, now.workers
-
-
-def _peak_added(peak: int | None, before: TreePss | None) -> int | None:
-    """The peak of the process tree's PSS over what it was before the loader was made."""
-    if peak is None or before is None:
-        return None
-    return peak - (before.own + before.workers)
-
-
 def measure_throughput(
     make_loader: LoaderFactory, window: WindowSpec, *, settle: bool = False
 ) -> Measurement:
     """Time a window of batches after warm-up (with ``settle``, after conveyor's
-    ``num_workers="auto"`` settled too); the loader is built and dropped in here."""
-    before = descendants()
-    result = _time_window(make_loader, window, settle=settle)
-    return dataclasses.replace(result, leaked_processes=count_leftovers(before))
+    ``num_workers="auto"`` settled too); the loader is built and dropped in here (with
+    ``window.measure_memory``, in a memory cgroup of its own where one can be made: the
+    kernel keeps its peak, at no cost to the window, see charged.py)."""
+    return _measured(make_loader, window, None, settle, window.measure_memory)
 
 
 def measure_training(
@@ -372,10 +359,20 @@ def measure_training(
     """Time a training loop over a window of batches (see :class:`TrainingStep`); the
     loader is built and dropped in here (with ``window.peak_memory``, in a memory cgroup
     of its own where one can be made: see charged.py)."""
-    before = descendants()
     step = TrainingStep(step_s, accelerator, spin_iterations)
-    with charged_peak() if window.peak_memory else contextlib.nullcontext() as charged:
-        result = _time_window(make_loader, window, step, settle, charged)
+    return _measured(make_loader, window, step, settle, window.peak_memory)
+
+
+def _measured(
+    make_loader: LoaderFactory,
+    window: WindowSpec,
+    train: TrainingStep | None,
+    settle: bool,
+    in_cgroup: bool,
+) -> Measurement:
+    before = descendants()
+    with charged_peak() if in_cgroup else contextlib.nullcontext() as charged:
+        result = _time_window(make_loader, window, train, settle, charged)
         leftovers = count_leftovers(before)  # (gone before the group is removed)
     return dataclasses.replace(result, leaked_processes=leftovers)
 

@@ -114,6 +114,8 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
         if ideal and row.kind in ("throughput", "train", "variant"):
             row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
         row.notes.extend(_memory_notes(row, workers))
+        if row.kind != "memory":
+            row.notes.extend(_charged_notes(spec, row))
         if row.kind == "memory":
             row.notes.extend(_peak_notes(spec, row))
         for name, runs in row.runs.items():
@@ -162,6 +164,23 @@ def _peak_notes(spec: WorkloadSpec, row: Row) -> list[str]:
         text = ", ".join(f"{name} {charged[name]:,.0f} MiB" for name in found)
         notes.append(f"as charged to a memory cgroup (shared memory mapped or not): {text}")
         mine, theirs = charged.get("conveyor"), charged.get("torch")
+    if mine is not None and theirs:
+        notes.append(f"conveyor over torch: {at_most(mine / theirs, spec.target_memory_of_torch)}")
+    return notes
+
+
+def _charged_notes(spec: WorkloadSpec, row: Row) -> list[str]:
+    """The peak memory each loader added as charged to a memory cgroup (rows that
+    measure memory, where one could be made): PSS read at the window's end misses what
+    torch's workers hold only between batches (samples, shared memory in transit); the
+    kernel's peak does not. conveyor's over torch's against the workload's target."""
+    charged = {name: _pss(row, name, "charged_peak_bytes") for name in ALL}
+    found = {name: mib for name, mib in charged.items() if mib is not None}
+    if not found:
+        return []
+    text = ", ".join(f"{name} {mib:,.0f} MiB" for name, mib in found.items())
+    notes = [f"peak as charged to a memory cgroup: {text}"]
+    mine, theirs = found.get("conveyor"), found.get("torch")
     if mine is not None and theirs:
         notes.append(f"conveyor over torch: {at_most(mine / theirs, spec.target_memory_of_torch)}")
     return notes

@@ -134,6 +134,21 @@ class TreePss:
         return TreePss(own, workers)
 
 
+def pss_added(before: TreePss) -> tuple[int, int] | None:
+    """The memory a loader added since ``before`` (PSS): in all, and in its workers."""
+    now = TreePss.read()
+    if now is None:
+        return None
+    return now.own - before.own + now.workers, now.workers
+
+
+def peak_added(peak: int | None, before: TreePss | None) -> int | None:
+    """The peak of the process tree's PSS over what it was before the loader was made."""
+    if peak is None or before is None:
+        return None
+    return peak - (before.own + before.workers)
+
+
 def _pss_of(pid: int) -> int | None:
     """A process's PSS in bytes, from ``/proc/<pid>/smaps_rollup`` (one summed read: far
     cheaper than psutil's walk of every map); None where it cannot be read."""

@@ -297,6 +297,32 @@ def test_memory_notes_give_what_each_loader_added_and_where() -> None:
     assert notes(Row("tiny", "2 workers", "throughput", {"conveyor": [_fake(1.0)]}), None) == []
 
 
+def test_rows_that_measure_memory_give_each_loaders_charged_peak_against_the_target() -> None:
+    # PSS at the window's end misses what torch's workers hold only between batches (a
+    # batch's samples, shared memory in transit); the cgroup's peak does not.
+    def charged(mib: int) -> Measurement:
+        return dataclasses.replace(_fake(1.0), charged_peak_bytes=mib * 2**20)
+
+    spec = dataclasses.replace(WORKLOADS["image"], target_memory_of_torch=1.1)
+    row = Row("image", "2 workers", "throughput",
+              {"conveyor": [charged(210), charged(230)], "torch": [charged(200)]})  # fmt: skip
+    assert benchmark_notes._charged_notes(spec, row) == [
+        "peak as charged to a memory cgroup: conveyor 220 MiB, torch 200 MiB",
+        "conveyor over torch: 1.10x (target <= 1.1x)",
+    ]
+    over = Row("image", "2 workers", "throughput",
+               {"conveyor": [charged(300)], "torch": [charged(200)]})  # fmt: skip
+    assert benchmark_notes._charged_notes(spec, over)[1] == (
+        "conveyor over torch: 1.50x (over target <= 1.1x)"
+    )
+    alone = Row("image", "2 thread workers", "variant", {"conveyor": [charged(90)]})
+    assert benchmark_notes._charged_notes(spec, alone) == [
+        "peak as charged to a memory cgroup: conveyor 90 MiB"
+    ]
+    unread = Row("image", "2 workers", "throughput", {"conveyor": [_fake(1.0)]})
+    assert benchmark_notes._charged_notes(spec, unread) == []
+
+
 def test_a_variant_of_processes_of_threads_is_held_to_the_ideal_of_all_its_threads() -> None:
     remote = WORKLOADS["remote"]
     row = Row("remote", "4 processes x 16 threads", "variant", {"conveyor": [_fake(1.0)]})

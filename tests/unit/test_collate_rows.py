@@ -189,6 +189,49 @@ def test_worker_deferring_torch_streams_numpy_and_turns_to_torch_for_tensors() -
         assert_batches_equal(streamed(tensors), default_collate(tensors))
 
 
+class Unwraps(torch.Tensor):
+    """A subclass whose torch results come back plain tensors, as torchvision's
+    tv_tensors (``Image``: what its v2 transforms return) do."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class KeepsItsType(torch.Tensor):
+    """A subclass torch's results keep (the default): ``default_collate`` stacks it into
+    one of its own kind."""
+
+
+def _images(kind: type, count: int = 3) -> list[tuple[Any, int]]:
+    # 27 KB each: over STREAM_MIN_BYTES, worth a row
+    return [(torch.full((3, 48, 48), float(i)).as_subclass(kind), i) for i in range(count)]
+
+
+def test_a_tensor_subclass_torch_stacks_plain_is_streamed_into_torchs_batch() -> None:
+    samples = _images(Unwraps)
+    expected = torch_collate(samples)
+    assert type(expected[0]) is torch.Tensor  # torch's own collate: a plain tensor
+    writer = RowWriter(default_collate)
+    got = streamed(samples, writer)
+    assert writer.streams  # written row by row: no sample kept until the end
+    assert type(got[0]) is torch.Tensor
+    assert_batches_equal(got, expected)
+
+
+def test_a_tensor_subclass_that_keeps_its_type_is_collated_as_before() -> None:
+    samples = _images(KeepsItsType)
+    expected = torch_collate(samples)
+    assert type(expected[0]) is KeepsItsType
+    writer = RowWriter(default_collate)
+    batch = writer.begin(len(samples), contextlib.nullcontext)
+    assert batch is not None and not batch.write(samples[0])  # nothing worth a row
+    got = default_collate(samples)  # (what the runner does then)
+    assert type(got[0]) is KeepsItsType
+    assert_batches_equal(got, expected)
+
+
 def test_a_later_batch_of_another_shape_gets_its_own_plan() -> None:
     writer = RowWriter(default_collate)
     for kind in ("tuple", "dict", "tuple"):

@@ -102,7 +102,8 @@ class Rows(Node):
     def __init__(self, example: np.ndarray, kind: Any, tensor: Any = None) -> None:
         self.dtype = example.dtype
         self.shape = example.shape
-        self.kind = kind  # the samples' type: np.ndarray, np.memmap or torch.Tensor
+        self.kind = kind  # the samples' type: np.ndarray, np.memmap, torch.Tensor (or a
+        # subclass torch stacks into a plain tensor)
         self.tensor = tensor  # the tensors' dtype (torch's rule), else None (the array rule)
         self.out: np.ndarray | None = None  # the batch's memory, on the first write
         self.tensor_out: Any = None  # the same, made by torch (no output allocator)
@@ -297,7 +298,7 @@ def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> Node:
     if leaves is _leaves.DEFERRED:
         raise _leaves.NeedsTorch  # the batch is torch's to build, as default_collate does
     torch = _leaves.torch
-    if not isinstance(leaves, _leaves.TorchLeaves) or type(elem) is not torch.Tensor:
+    if not isinstance(leaves, _leaves.TorchLeaves):
         return Column(path)
     if elem.is_nested or elem.layout != torch.strided:
         return Column(path)
@@ -307,7 +308,25 @@ def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> Node:
         return Column(path)
     if example.dtype not in NATIVE_DTYPES or example.nbytes < max(STREAM_MIN_BYTES, 1):
         return Column(path)
-    return Rows(example, torch.Tensor, tensor=elem.dtype)
+    if type(elem) is not torch.Tensor and not _stacks_plain(elem):
+        return Column(path)
+    return Rows(example, type(elem), tensor=elem.dtype)
+
+
+def _stacks_plain(elem: Any) -> bool:
+    """Whether torch stacks this subclass of Tensor into a plain tensor of its values, as
+    ``default_collate`` then makes of it (torchvision's ``tv_tensors.Image``, what its v2
+    transforms return, does): its rows may be written as a plain tensor's. A subclass
+    that keeps its type, or changes its values, through ``torch.stack`` is collated as
+    before. Asked once a plan (two samples' worth of memory, once)."""
+    torch = _leaves.torch
+    try:
+        stacked = torch.stack([elem, elem])
+        return type(stacked) is torch.Tensor and bool(
+            torch.equal(stacked[1], elem.as_subclass(torch.Tensor))
+        )
+    except Exception:  # a subclass torch cannot stack, or compare: as before
+        return False
 
 
 def _numpy(tensor: Any) -> np.ndarray | None:
