@@ -180,12 +180,10 @@ def test_a_crash_heard_of_with_the_start_is_raised_after_the_batches_before_it(
     # first batch must come first; the crash, at its place.
     real_wait = WorkerPool.wait
 
-    def wait_until_they_died(
-        pool: WorkerPool, timeout: float | None, awaited: int | None = None
-    ) -> list[Any]:
+    def wait_until_they_died(pool: WorkerPool, timeout: float | None) -> list[Any]:
         connection.wait([w.process.sentinel for w in pool._workers])
         monkeypatch.setattr(WorkerPool, "wait", real_wait)
-        return real_wait(pool, timeout, awaited)
+        return real_wait(pool, timeout)
 
     monkeypatch.setattr(WorkerPool, "wait", wait_until_they_died)
     it = iter(_loader(IterDiesAt(), "fork"))
@@ -224,12 +222,10 @@ def test_a_crash_heard_of_before_another_workers_start_comes_at_its_place(
     real_wait = WorkerPool.wait
     with Mailbox(tmp_path / "gate") as gate:
 
-        def wait_until_worker_1_died(
-            pool: WorkerPool, timeout: float | None, awaited: int | None = None
-        ) -> list[Any]:
+        def wait_until_worker_1_died(pool: WorkerPool, timeout: float | None) -> list[Any]:
             connection.wait([pool._workers[1].process.sentinel])
             monkeypatch.setattr(WorkerPool, "wait", real_wait)
-            events = real_wait(pool, timeout, awaited)
+            events = real_wait(pool, timeout)
             post(gate.path, "start")  # worker 0 now
             return events
 

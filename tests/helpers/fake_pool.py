@@ -102,7 +102,6 @@ class FakePool:
         self.undecodable: set[int] = set()  # seqs whose batch fails to decode
         self.stalled: dict[int, WorkerStatus] = {}  # worker id -> status page while held
         self.sent: list[tuple[int, Task]] = []  # every (worker id, task) sent, in order
-        self.awaited: list[int | None] = []  # whose reply each wait was for (None: any)
         self.replaced: list[int] = []
         self.killed: list[int] = []
         self.discarded = 0
@@ -140,8 +139,7 @@ class FakePool:
         self.sent.append((worker_id, message))
         self.workers[worker_id].queue.append((next(self._order), message))
 
-    def wait(self, timeout: float | None, awaited: int | None = None) -> list[PoolEvent]:
-        self.awaited.append(awaited)
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
         for worker in self.workers:
             if not worker.ready_sent:
                 worker.ready_sent = True

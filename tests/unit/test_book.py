@@ -52,24 +52,6 @@ def test_delivery_order(in_order: bool, arrivals: list[int], expected: list[obje
     assert step_kinds(b, len(expected)) == expected
 
 
-def test_the_loop_awaits_the_worker_holding_the_next_batch_in_order() -> None:
-    b = loop(workers=2).book
-    assert dispatch(b, batches(4)) == [(0, 0), (1, 1), (0, 2), (1, 3)]
-    assert b.awaited() == 0  # batch 0, sent to worker 0
-    reply(b, 1)
-    assert b.awaited() == 0  # worker 1's batch came first: still worker 0's
-    reply(b, 0)
-    assert b.awaited() is None  # the next batch is here: nobody is awaited
-    assert step_kinds(b, 3) == [0, 1, "Wait"]
-    assert b.awaited() == 0  # batch 2
-
-
-def test_out_of_order_the_loop_awaits_any_worker() -> None:
-    b = loop(workers=2, in_order=False).book
-    dispatch(b, batches(2))
-    assert b.awaited() is None
-
-
 def test_epoch_ends_when_every_task_is_handed_out_and_the_sampler_is_done() -> None:
     b = loop().book
     dispatch(b, batches(2))

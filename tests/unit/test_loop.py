@@ -87,24 +87,6 @@ def test_a_frozen_worker_is_waited_for_not_skipped() -> None:
         next(it)
 
 
-def test_the_loop_tells_the_pool_whose_reply_it_waits_for() -> None:
-    # The process pool leaves the others' replies in their pipes meanwhile: a reply the
-    # loop does not need yet wakes it for nothing.
-    it, pool = run(loader(), lambda p: p.held.add(1))
-    assert set(pool.awaited) == {None}  # iter() waits for every worker to start: anyone
-    assert flat([next(it)]) == [0, 1]
-    pool.awaited.clear()
-    with pytest.raises(WouldHang):
-        next(it)
-    assert set(pool.awaited) == {1}  # batch 1 is worker 1's
-
-
-def test_out_of_order_the_loop_waits_for_anyone() -> None:
-    it, pool = run(loader(in_order=False), lambda p: p.slow.add(0))
-    assert len(flat(list(it))) == 16
-    assert set(pool.awaited) == {None}
-
-
 def test_dead_worker_is_replaced_and_its_tasks_resent_exactly_once() -> None:
     it, pool = run(loader(), lambda p: p.kill_once.update({5: -9}))
     with pytest.warns(WorkerRestartedWarning, match=r"worker 0 .*SIGKILL.*re-sent its 2"):

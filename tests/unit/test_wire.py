@@ -153,16 +153,6 @@ def test_a_frame_larger_than_the_pipe_is_gathered_in_place(pipe: tuple[int, int]
             if not messages:
                 break
     assert got == [big, Stop()]
-    assert reader.large_frames  # its writer waited for the reader: never deferred
-
-
-def test_frames_a_pipe_holds_are_not_large(pipe: tuple[int, int]) -> None:
-    r, w = pipe
-    os.set_blocking(r, False)
-    os.write(w, wire.encode(BatchDone(1, 2, InlinePayload(bytes(frames.READ_SIZE // 2)))))
-    reader = frames.FrameReader(r)
-    assert len(reader.read()) == 1
-    assert not reader.large_frames
 
 
 def test_blocking_recv_and_end_of_file(pipe: tuple[int, int]) -> None:

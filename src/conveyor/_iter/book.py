@@ -371,15 +371,6 @@ class TaskBook:
             return EPOCH_END
         return WAIT
 
-    def awaited(self) -> int | None:
-        """The worker whose reply the loop waits for when :meth:`next_step` says wait:
-        the one the next batch in order was sent to; None when any reply may be the
-        next to hand out (out of order), or that batch's task is not out."""
-        if not self.in_order:
-            return None
-        entry = self._tasks.get(self._ledger.next_out)
-        return None if entry is None or entry.reply is not None else entry.worker_id
-
     def peek(self) -> Entry | None:
         """The entry :meth:`next_step` would hand out next, if its reply has come;
         nothing in the book changes (the loop pins that batch ahead)."""

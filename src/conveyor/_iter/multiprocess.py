@@ -278,7 +278,7 @@ class MultiprocessIterator(IteratorFace, Receiving):
                 if batch is not _NOTHING:
                     return batch
             elif isinstance(step, Wait):
-                self._receive(book.awaited())
+                self._receive()
             elif isinstance(step, GiveUp):
                 raise step.error
             elif isinstance(step, EpochEnd):

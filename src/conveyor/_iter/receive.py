@@ -62,10 +62,9 @@ class Receiving:
         while self.progress.unreported and not self.closed and self._book.view.fatal is None:
             self._receive()
 
-    def _receive(self, awaited: int | None = None) -> None:
-        """Block until a worker answers or dies, or a deadline passes; act on what came.
-        ``awaited``: the worker holding the batch the loop needs next, if one does."""
-        events = self._pool.wait(self._supervisor.wake_in(), awaited)
+    def _receive(self) -> None:
+        """Block until a worker answers or dies, or a deadline passes; act on what came."""
+        events = self._pool.wait(self._supervisor.wake_in())
         if not events:
             self._supervisor.check()
             return

@@ -163,12 +163,8 @@ class Pool(Protocol):
         SeedPipe) is kept for its replacement too (``WorkerSpec.keeping``)."""
         ...
 
-    def wait(self, timeout: float | None, awaited: int | None = None) -> list[PoolEvent]:
-        """Block until a worker answers or dies, or ``timeout`` passes ([]).
-
-        ``awaited``: the worker whose reply the loop needs next (None: any). A pool may
-        leave the others' replies unread until the loop awaits them, but never past
-        ``timeout``: a wait that returns [] has read all that came."""
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
+        """Block until a worker answers or dies, or ``timeout`` passes ([])."""
         ...
 
     def restart(self, worker_id: int) -> None:

@@ -33,8 +33,6 @@ class FrameReader:
         self._decoder = BodyDecoder(on_released)
         self._batch = self._decoder.decode_batch  # a batch's frame: no dispatch on its kind
         self.eof = False
-        # The peer has sent a frame larger than a pipe holds (its write waited for ours).
-        self.large_frames = False
 
     def recv(self) -> Any:
         """The next message; blocks until it is whole. EOFError once the peer is gone."""
@@ -117,7 +115,6 @@ class FrameReader:
         end = start + length
         if end > len(data):
             if length > READ_SIZE:  # gather the rest in place
-                self.large_frames = True
                 self._large = bytearray(length)
                 self._large_filled = len(data) - start
                 self._large[: self._large_filled] = memoryview(data)[start:]

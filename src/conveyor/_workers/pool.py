@@ -131,7 +131,7 @@ class WorkerPool(Readings):
                     self._workers[worker.worker_id] = worker  # a replacement
                 else:
                     self._workers.append(worker)
-                self._selector.watch(worker.reader.fd, _RESULT, worker, deferred=True)
+                self._selector.watch(worker.reader.fd, _RESULT, worker)
             host = cores[0].host
             self._selector.watch(host.process.sentinel, _DEATH, host)
 
@@ -208,29 +208,21 @@ class WorkerPool(Readings):
             worker.outbox.clear()  # it died: its sentinel says so
             return True
 
-    def wait(self, timeout: float | None, awaited: int | None = None) -> list[PoolEvent]:
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
         """Block until a worker sends something or dies, or ``timeout`` passes ([]).
 
         One read takes every frame a pipe holds; tasks queued for full pipes are written
-        meanwhile. While the loop awaits one worker's reply, the others' replies wait in
-        their pipes (see selector.py).
+        meanwhile.
         """
         events: list[PoolEvent] = []
         self._release_alone()
         deaths: list[Host] = []
-        selector, fd = self._selector, None
-        if awaited is not None and awaited < len(self._workers):
-            fd = self._workers[awaited].reader.fd
-            if not selector.watching(fd):  # (gone: wait for anyone)
-                fd = None
-        for role, owner in selector.select(timeout, self._flush, fd):
+        for role, owner in self._selector.select(timeout, self._flush):
             if role == _RESULT:
                 reader = owner.reader
                 messages = reader.read()
                 if reader.eof:  # it exited: its sentinel says the rest
-                    selector.unwatch(reader.fd)
-                elif reader.large_frames:
-                    selector.never_defer(reader.fd)
+                    self._selector.unwatch(reader.fd)
                 events += self._received(owner, messages)
             else:
                 deaths.append(owner)

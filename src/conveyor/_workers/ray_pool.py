@@ -171,10 +171,8 @@ class RayPool:
         if isinstance(message, Task):
             self._call(remote, ref, message)
 
-    def wait(self, timeout: float | None, awaited: int | None = None) -> list[PoolEvent]:
-        """Block until a worker answers or is lost, or ``timeout`` passes ([]); any
-        worker's answer ends the wait (``awaited`` is not used: ``ray.wait`` on every
-        call in flight is one request, whoever answers).
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
+        """Block until a worker answers or is lost, or ``timeout`` passes ([]).
         Raises ClusterLostError when the cluster's head node no longer answers: asked
         once nothing has come for PROBE_EVERY_S, however the loop slices its waits."""
         end = None if timeout is None else time.monotonic() + timeout

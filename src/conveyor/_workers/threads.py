@@ -205,8 +205,7 @@ class ThreadPool:
             self._specs[worker_id] = self._specs[worker_id].keeping(message)
         self._workers[worker_id].inbox.queue.put(message)
 
-    def wait(self, timeout: float | None, awaited: int | None = None) -> list[PoolEvent]:
-        # Every thread's answer comes through one queue, at no wake-up of a process.
+    def wait(self, timeout: float | None) -> list[PoolEvent]:
         try:
             events = [self._events.get(timeout=timeout)]
         except queue.Empty:
