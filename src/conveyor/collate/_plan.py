@@ -300,12 +300,12 @@ def _tensor(elem: Any, path: tuple[Any, ...], leaves: Any) -> Node:
     torch = _leaves.torch
     if not isinstance(leaves, _leaves.TorchLeaves):
         return Column(path)
-    if elem.is_nested or elem.layout != torch.strided:
-        return Column(path)
     try:
+        if elem.is_nested or elem.layout != torch.strided:
+            return Column(path)
         example = elem.numpy()
-    except Exception:  # grad, another device, conj or neg bits, a dtype NumPy lacks
-        return Column(path)
+    except Exception:  # grad, another device, conj or neg bits, a dtype NumPy lacks (or a
+        return Column(path)  # subclass of Tensor whose own rules refuse)
     if example.dtype not in NATIVE_DTYPES or example.nbytes < max(STREAM_MIN_BYTES, 1):
         return Column(path)
     if type(elem) is not torch.Tensor and not _stacks_plain(elem):
