@@ -190,13 +190,27 @@ def _memfds_left(before: LeakSnapshot) -> bool:
     return bool(set(memfd_fds().items()) - before.fds or memfd_maps() - before.maps)
 
 
-def new_shm_entries(before: LeakSnapshot) -> list[str]:
-    """New /dev/shm files that no process outside this process tree holds.
+def new_shm_entries(before: LeakSnapshot, timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """New /dev/shm files that no process outside this process tree holds, and that are
+    still there ``timeout`` seconds on.
 
     /dev/shm is machine-wide and other programs (other test runs, torch's own
     loaders with their ``sem.mp-*`` semaphores) come and go in it: a file that
     is unlinked at once, or still open or mapped by an unrelated process, is theirs.
+    So is one that goes within ``timeout``: a test running beside this one (another
+    pytest-xdist worker's) whose process died leaves its semaphores unheld until its
+    resource tracker unlinks them, and they read as ours meanwhile (a CI rehearsal
+    found 14 such, once).
     """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _unheld_new_entries(before)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)  # (the files' owners give no event to wait on)
+
+
+def _unheld_new_entries(before: LeakSnapshot) -> list[str]:
     names = shm_entries() - before.shm
     if not names:
         return []
