@@ -204,6 +204,17 @@ class KeepsItsType(torch.Tensor):
     one of its own kind."""
 
 
+class Refuses(torch.Tensor):
+    """A subclass whose own rules refuse what planning a row asks of it."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func == torch.Tensor.is_nested.__get__:  # (a new method-wrapper each time)
+            raise RuntimeError("not for this subclass")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
 def _images(kind: type, count: int = 3) -> list[tuple[Any, int]]:
     # 27 KB each: over STREAM_MIN_BYTES, worth a row
     return [(torch.full((3, 48, 48), float(i)).as_subclass(kind), i) for i in range(count)]
@@ -230,6 +241,16 @@ def test_a_tensor_subclass_that_keeps_its_type_is_collated_as_before() -> None:
     got = default_collate(samples)  # (what the runner does then)
     assert type(got[0]) is KeepsItsType
     assert_batches_equal(got, expected)
+
+
+def test_a_tensor_subclass_that_refuses_to_be_planned_is_collated_as_before() -> None:
+    samples = _images(Refuses)
+    writer = RowWriter(default_collate)
+    batch = writer.begin(len(samples), contextlib.nullcontext)
+    assert batch is not None and not batch.write(samples[0])  # no error: not worth a row
+    for collate in (default_collate, torch_collate):  # then as before: torch's own error
+        with pytest.raises(RuntimeError, match="not for this subclass"):
+            collate(samples)
 
 
 def test_a_later_batch_of_another_shape_gets_its_own_plan() -> None:
