@@ -114,10 +114,10 @@ def annotate(spec: WorkloadSpec, rows: list[Row]) -> None:
         if ideal and row.kind in ("throughput", "train", "variant"):
             row.notes.append(f"of ideal {ideal:,.0f}/s: {_shares(row, ideal, _percent)}")
         row.notes.extend(_memory_notes(row, workers))
-        if row.kind != "memory":
-            row.notes.extend(_charged_notes(spec, row))
         if row.kind == "memory":
             row.notes.extend(_peak_notes(spec, row))
+        else:
+            row.notes.extend(_charged_notes(spec, row))
         for name, runs in row.runs.items():
             leaked = max(m.leaked_processes for m in runs)
             if leaked:
