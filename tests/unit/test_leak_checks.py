@@ -24,7 +24,8 @@ def shm_file() -> Iterator[Path]:
 def test_a_file_left_in_dev_shm_is_named(shm_file: Path) -> None:
     before = leaks.LeakSnapshot.take()
     shm_file.write_bytes(b"x")
-    assert leaks.new_shm_entries(before, timeout=0.5) == [shm_file.name]
+    # (in this test's name: a test beside it, in another xdist worker, may leave its own)
+    assert shm_file.name in leaks.new_shm_entries(before, timeout=0.5)
 
 
 def test_a_file_that_goes_within_the_timeout_is_not(shm_file: Path) -> None:
@@ -33,6 +34,6 @@ def test_a_file_that_goes_within_the_timeout_is_not(shm_file: Path) -> None:
     gone = threading.Timer(0.3, os.unlink, (shm_file,))
     gone.start()
     try:
-        assert leaks.new_shm_entries(before, timeout=30.0) == []
+        assert shm_file.name not in leaks.new_shm_entries(before, timeout=30.0)
     finally:
         gone.join()
