@@ -7,8 +7,13 @@ Used by tests in this process and by the child programs in ``tests/faults/script
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import threading
+import weakref
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from conveyor._workers import pool as pool_module
 
@@ -39,3 +44,48 @@ def open_fds() -> dict[int, str]:
         except OSError:  # the descriptor listdir used
             continue
     return found
+
+
+class _Link:
+    """Holds one object. When a _Link dies, its weak references' callbacks run before its
+    attributes are let go: so a chain of them runs each link's callback in order, then
+    frees what the last one holds, all in C."""
+
+    held: Any
+
+
+class CtrlCAsItDies:
+    """Holds ``victim`` (give up every other reference to it): when this holder is
+    dropped, a real SIGINT reaches this process just before ``victim`` dies, and this
+    thread runs no Python bytecode between the two, so the signal's Python handler runs
+    at the first bytecode after: inside a weak reference callback of ``victim``'s, if it
+    has one written in Python, or in the code that dropped the holder.
+
+    How: the holder is a chain of two links. The first's weak reference callback wakes a
+    helper thread; the second's blocks this thread (both are C methods of queues). The
+    helper raises SIGINT in itself (so the kernel delivers it there, not here), then
+    unblocks this thread, which goes on to free ``victim``."""
+
+    def __init__(self, victim: object) -> None:
+        self._woken: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._gate: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.holder, last = _Link(), _Link()
+        self.holder.held, last.held = last, victim
+        self._callbacks = (
+            weakref.ref(self.holder, self._woken.put),
+            weakref.ref(last, self._gate.get),  # blocks until the helper puts
+        )
+        self._helper = threading.Thread(target=self._interrupt, daemon=True)
+        self._helper.start()
+
+    def _interrupt(self) -> None:
+        if self._woken.get(timeout=60) is None:
+            return  # released without being dropped (see close)
+        signal.raise_signal(signal.SIGINT)
+        self._gate.put(None)
+
+    def close(self) -> None:
+        """Wait for the helper (tell it to stop if the holder was never dropped)."""
+        if self._helper.is_alive() and getattr(self, "holder", None) is not None:
+            self._woken.put(None)
+        self._helper.join(60)

@@ -29,7 +29,8 @@ from .._task.protocol import (
     TaskFailed,
 )
 from .._transport.budget import SlotBudget
-from .._transport.codec import PayloadHandle, SlotPayload
+from .._transport.codec import SlotPayload
+from .._transport.decoder import PayloadHandle
 from . import wire
 from .api import Abilities, PoolEvent, Received
 from .interrupts import interrupts_deferred
@@ -160,9 +161,11 @@ class WorkerPool(Readings):
         lost: the caller re-sends what a dead worker had not answered."""
         worker = self._workers[worker_id]
         if type(message) is Task:
+            if worker.decoder.dead:
+                worker.decoder.collect()
             pending = worker.pending_releases
             released: tuple[int, ...] = ()
-            if pending:  # (appended to by finalizers, which run anywhere: copy, then cut)
+            if pending:
                 released = tuple(pending)
                 del pending[: len(released)]
             frame = wire.encode_task(message, released)
@@ -182,6 +185,8 @@ class WorkerPool(Readings):
         RELEASE_EARLY_BYTES): to their workers now, in a frame of their own. Looked at as
         the pool waits and as each batch is handed out."""
         for worker in self._serving_now or self._serving():
+            if worker.decoder.dead:
+                worker.decoder.collect()
             pending = len(worker.pending_releases)
             if pending and (
                 pending >= RELEASE_ALONE

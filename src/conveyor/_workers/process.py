@@ -14,7 +14,7 @@ from multiprocessing.process import BaseProcess
 
 from .._transport.arena import MainArena, create_arena_fd
 from .._transport.budget import SlotBudget
-from .._transport.codec import Decoder
+from .._transport.decoder import Decoder
 from . import parent_watch
 from .fds import InheritedFd
 from .frames import FrameReader
@@ -119,6 +119,8 @@ class Worker:
     decoder: Decoder = field(init=False)
     outbox: Outbox = field(init=False)
     reader: FrameReader = field(init=False)
+    # Slots to give back, as its decoder collects them: that is, once
+    # ``decoder.dead`` is empty (see Decoder.collect).
     pending_releases: list[int] = field(default_factory=list)
     unanswered: int = 0  # tasks sent that no reply has answered yet
     slot_bytes: int = 0  # the size of the slot its last batch came in
@@ -143,12 +145,13 @@ class Worker:
         return self.host.pid
 
     def take_releases(self) -> tuple[int, ...]:
+        if self.decoder.dead:
+            self.decoder.collect()
         if not self.pending_releases:
             return ()
-        # Finalizers may append concurrently (GC runs anywhere): swap, don't clear.
-        taken = self.pending_releases[:]
+        taken = tuple(self.pending_releases)
         del self.pending_releases[: len(taken)]
-        return tuple(taken)
+        return taken
 
 
 def release(worker: Worker) -> None:

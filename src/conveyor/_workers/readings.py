@@ -10,7 +10,8 @@ from typing import cast
 
 from .._task.protocol import GONE, RoomAhead, WorkerStatus
 from .._transport.budget import SlotBudget, run_ahead
-from .._transport.codec import InlinePayload, PayloadHandle, SlotPayload
+from .._transport.codec import InlinePayload, SlotPayload
+from .._transport.decoder import PayloadHandle
 from .api import BatchHandle
 from .process import Worker
 from .stacks import active_s, dump_stacks, process_uss, thread_stack
