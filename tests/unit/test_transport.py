@@ -525,3 +525,60 @@ def test_a_ctrl_c_as_a_batch_dies_is_raised_in_the_users_code_and_its_slot_still
     assert released == [] and decoder.batches_alive == 0
     decoder.collect()
     assert released == [0]
+
+
+def test_a_ctrl_c_as_a_maps_last_array_dies_is_raised_in_the_users_code_and_it_is_unmapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The last array over a mapped slot may die in the user's code (a batch kept past its
+    # slot's retirement, or past its loader). The unmap runs then: written in Python, a
+    # Ctrl-C just before would be raised inside it, printed as ignored, and the region
+    # never unmapped.
+    from conveyor._transport.memfd import map_range
+
+    fd = create_arena_fd(78)
+    os.ftruncate(fd, 4 * PAGE)
+
+    def maps() -> int:
+        with open("/proc/self/maps") as lines:
+            return sum("/memfd:conveyor-worker-78" in line for line in lines)
+
+    ignored: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    region = map_range(fd, 0, 4 * PAGE, "a test")
+    os.close(fd)  # the map needs no descriptor
+    assert maps() == 1
+    ctrl_c = interrupts.CtrlCAsItDies(region[PAGE:])
+    del region
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            del ctrl_c.holder  # the last array dies, a real SIGINT just before
+            _first_call_after()
+    finally:
+        signal.signal(signal.SIGINT, before)
+        ctrl_c.close()
+    assert ignored == []
+    assert maps() == 0
+
+
+def test_the_references_that_unmap_regions_are_let_go_once_spent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One weak reference per region mapped, kept until its region is unmapped: a long run
+    # that maps anew for each batch (maps not kept), at ever new addresses, must not keep
+    # every one it made.
+    from conveyor._transport import memfd
+
+    monkeypatch.setattr(memfd, "_unmaps", memfd._Unmaps())  # (other tests' regions aside)
+    fd = create_arena_fd(76)
+    os.ftruncate(fd, 600 * PAGE)
+    addresses = set()
+    for pages in range(1, 601):  # a size of its own each: an address of its own
+        region = memfd.map_range(fd, 0, pages * PAGE, "a test")
+        addresses.add(region.ctypes.data)
+        del region  # unmapped
+    os.close(fd)
+    spent = [ref for ref in memfd._unmaps._refs.values() if ref() is None]
+    assert len(addresses) > 2 * memfd._Unmaps._PRUNE_FROM  # (else this shows nothing)
+    assert len(spent) < memfd._Unmaps._PRUNE_FROM

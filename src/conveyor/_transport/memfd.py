@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import resource
@@ -81,8 +82,37 @@ def map_range(fd: int, offset: int, size: int, where: str) -> np.ndarray:
             raise _address_space_error(size, where, exc)
         raise OSError(error, f"mapping {size} bytes of shared memory: {os.strerror(error)}")
     region = (ctypes.c_uint8 * size).from_address(address)
-    weakref.finalize(region, libc.munmap, address, size).atexit = False
+    _unmaps.watch(region, address, size)
     return np.frombuffer(memoryview(region).cast("B"), dtype=np.uint8)
+
+
+class _Unmaps:
+    """Unmap a region when the last array over it dies. That may be in the user's code
+    (a batch's last view dropped), and a Ctrl-C arriving then would be raised inside a
+    callback written in Python, where Python prints it as ignored: the interrupt lost,
+    and the region never unmapped. So the callback is C alone: ``munmap`` itself, through
+    a prototype that also takes the weak reference a callback is given (in a register
+    that ``munmap`` never reads, under every C calling convention Linux has)."""
+
+    _PRUNE_FROM = 256  # references kept before the spent ones are looked for
+
+    def __init__(self) -> None:
+        self._munmap = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.py_object
+        )(("munmap", libc))
+        # Each reference is kept until it has run (one that dies first never calls
+        # back), by address: an address is mapped again only once unmapped, so a new
+        # region's reference replaces a spent one.
+        self._refs: dict[int, weakref.ref[object]] = {}
+        self._prune_at = self._PRUNE_FROM
+
+    def watch(self, region: object, address: int, size: int) -> None:
+        refs = self._refs
+        if len(refs) >= self._prune_at:
+            for spent in [key for key, ref in refs.items() if ref() is None]:
+                del refs[spent]
+            self._prune_at = max(self._PRUNE_FROM, 2 * len(refs))
+        refs[address] = weakref.ref(region, functools.partial(self._munmap, address, size))
 
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -94,4 +124,5 @@ libc.fallocate.restype = ctypes.c_int
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 libc.munmap.restype = ctypes.c_int
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_unmaps = _Unmaps()
 _MAP_FAILED = ctypes.c_void_p(-1).value
