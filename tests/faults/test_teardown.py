@@ -447,6 +447,32 @@ def test_ctrl_c_as_the_users_batch_dies_is_raised_in_their_code_and_the_epoch_go
     assert seen == list(range(len(Arrays())))
 
 
+def test_workers_whose_closing_a_ctrl_c_cut_short_are_stopped_by_the_next_iter(
+    start_method: str, leak_check: leaks.LeakSnapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An iterator dropped unclosed is closed by its finalizer, Python code run as it dies.
+    # A Ctrl-C just then (a second one, as the first unwinds the loop) is raised at the
+    # finalizer's first bytecode, where Python prints it as ignored: the closing never
+    # ran, and the workers ran on until the interpreter's exit.
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # (Python's report)
+    loader = _loader(start_method)
+    it = iter(loader)
+    workers = _take_worker_pids(it)
+    ctrl_c = CtrlCAsItDies(it)
+    del it
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            del ctrl_c.holder  # the iterator dies, a real SIGINT just before
+            _first_call_after()
+    finally:
+        signal.signal(signal.SIGINT, before)
+        ctrl_c.close()
+    assert all(leaks.is_alive(worker) for worker in workers)  # its closing was cut short
+    assert len(list(loader)) == len(Pids())  # the next iter() stops them, and runs whole
+    _assert_torn_down(leak_check, workers)
+
+
 @pytest.mark.slow  # spawn, as the conftest does with spawn variants: CI runs -m slow
 @pytest.mark.parametrize(
     "when", ["preparing", "spawning", "handing_over", "supervising", "starting", "restarting"]

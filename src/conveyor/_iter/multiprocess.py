@@ -11,6 +11,7 @@ in-process iterator's does.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -203,7 +204,9 @@ class MultiprocessIterator(IteratorFace, Receiving):
             history.epochs_started, per_worker=self._per_worker,
             worker_states=list(worker_states or []),
         )  # fmt: skip
-        progress.settle = weakref.WeakMethod(self._await_reports)
+        # A plain weak reference: a WeakMethod's callback is Python, run as the iterator
+        # dies, where a Ctrl-C would be raised and lost (see _transport/decoder._Watch).
+        progress.settle = functools.partial(_await_reports_of, weakref.ref(self))
         return progress
 
     # --- epochs and dispatch ------------------------------------------------------------
@@ -354,3 +357,11 @@ class MultiprocessIterator(IteratorFace, Receiving):
 
 
 _NOTHING = object()  # a handed-out task with no batch to give the user
+
+
+def _await_reports_of(
+    ref: weakref.ref[MultiprocessIterator],
+) -> Callable[[], None] | None:
+    """The iterator's wait for its workers' reports (Progress.settle), while it lives."""
+    iterator = ref()
+    return None if iterator is None else iterator._await_reports

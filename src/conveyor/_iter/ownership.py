@@ -21,7 +21,10 @@ from ..collate import registrations as collate_registrations
 from ..config import LoaderConfig
 from .pin_ahead import PinAhead
 
-__all__ = ["Ownership", "close_in_order"]
+__all__ = ["Ownership", "close_cut_short", "close_in_order"]
+
+# Every pool's finalizer, until it has run (see close_cut_short).
+_finalizers: set[weakref.finalize[[PinAhead | None, Pool], object]] = set()
 
 
 class Ownership:
@@ -47,9 +50,11 @@ class Ownership:
         user = UserObjects(config.dataset, config.collate_fn, config.worker_init_fn, maps)
         if factory is None:
             factory = config.kind.pool(config)
+        close_cut_short()
         with interrupts_deferred() if config.kind.local else contextlib.nullcontext():
             pool = factory(user, specs)
             self._finalizer = weakref.finalize(owner, close_in_order, self.pin_ahead, pool)
+            _finalizers.add(self._finalizer)
         return pool
 
     def close(self) -> None:
@@ -67,3 +72,17 @@ def close_in_order(pin_ahead: PinAhead | None, pool: Pool) -> None:
             pin_ahead.close()
     finally:
         pool.close()
+
+
+def close_cut_short() -> None:
+    """Close the pools whose iterator died without their finalizer running: a Ctrl-C
+    that arrives as the iterator dies is raised at the finalizer's first bytecode, where
+    Python prints it as ignored and the finalizer stays unrun (its workers would run on
+    until the interpreter's exit, when it does run). Looked for as the next pool starts."""
+    for finalizer in list(_finalizers):
+        if not finalizer.alive:
+            _finalizers.discard(finalizer)
+        elif finalizer.peek() is None:  # its iterator is gone
+            with interrupts_deferred():
+                finalizer()
+            _finalizers.discard(finalizer)
