@@ -414,10 +414,6 @@ def test_ctrl_c_during_teardown_leaves_nothing_behind(start_method: str) -> None
     assert (left["alive"], left["fds"]) == ([], []), stderr
 
 
-def _first_call_after() -> None:
-    """A Python call: a pending signal's handler runs as it starts."""
-
-
 def test_ctrl_c_as_the_users_batch_dies_is_raised_in_their_code_and_the_epoch_goes_on_whole(
     start_method: str, leak_check: leaks.LeakSnapshot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,14 +430,7 @@ def test_ctrl_c_as_the_users_batch_dies_is_raised_in_their_code_and_the_epoch_go
     seen = [int(row[0]) for row in first]
     ctrl_c = CtrlCAsItDies(first)
     del first
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            del ctrl_c.holder  # the batch dies, a real SIGINT just before
-            _first_call_after()
-    finally:
-        signal.signal(signal.SIGINT, before)
-        ctrl_c.close()
+    assert isinstance(ctrl_c.drop(), KeyboardInterrupt)  # the batch dies, a SIGINT just before
     assert ignored == []
     seen += [int(row[0]) for batch in it for row in batch]  # its slot went back
     assert seen == list(range(len(Arrays())))
@@ -460,14 +449,7 @@ def test_workers_whose_closing_a_ctrl_c_cut_short_are_stopped_by_the_next_iter(
     workers = _take_worker_pids(it)
     ctrl_c = CtrlCAsItDies(it)
     del it
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            del ctrl_c.holder  # the iterator dies, a real SIGINT just before
-            _first_call_after()
-    finally:
-        signal.signal(signal.SIGINT, before)
-        ctrl_c.close()
+    ctrl_c.drop()  # the iterator dies, a real SIGINT just before
     assert all(leaks.is_alive(worker) for worker in workers)  # its closing was cut short
     assert len(list(loader)) == len(Pids())  # the next iter() stops them, and runs whole
     _assert_torn_down(leak_check, workers)

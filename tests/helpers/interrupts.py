@@ -84,8 +84,28 @@ class CtrlCAsItDies:
         signal.raise_signal(signal.SIGINT)
         self._gate.put(None)
 
+    def drop(self) -> KeyboardInterrupt | None:
+        """Drop the holder under Python's own SIGINT handler: the KeyboardInterrupt as
+        the code that dropped it goes on (at its next call), or None if it never came
+        there (raised where Python prints it as ignored). The program's handler is put
+        back and the helper joined."""
+        before = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            del self.holder  # the victim dies, a real SIGINT just before
+            _first_call_after()
+        except KeyboardInterrupt as interrupt:
+            return interrupt
+        finally:
+            signal.signal(signal.SIGINT, before)
+            self.close()
+        return None
+
     def close(self) -> None:
         """Wait for the helper (tell it to stop if the holder was never dropped)."""
         if self._helper.is_alive() and getattr(self, "holder", None) is not None:
             self._woken.put(None)
         self._helper.join(60)
+
+
+def _first_call_after() -> None:
+    """A Python call: a pending signal's handler runs as it starts."""
