@@ -161,6 +161,8 @@ class WorkerPool(Readings):
         lost: the caller re-sends what a dead worker had not answered."""
         worker = self._workers[worker_id]
         if type(message) is Task:
+            # Worker.take_releases, inline: one call more would break the hand-out's call
+            # budget (tests/integration/test_call_budget.py).
             if worker.decoder.dead:
                 worker.decoder.collect()
             pending = worker.pending_releases
